@@ -1,0 +1,80 @@
+"""Per-forward metadata, set by the engine and read by the attention layers, so that models keep
+the plain signature ``forward(input_ids, positions)``.
+
+A forward processes a batch of B sequences, each with its own number of new tokens (padded to T).
+Row b owns KV-cache slot ``slots[b]``; it already holds ``starts[b]`` tokens, and its new tokens are
+written at cache indices ``starts[b] .. starts[b] + num_new[b] - 1`` whatever their RoPE positions
+(tree nodes share positions). Queries see the whole committed prefix plus the new tokens allowed by
+``tree_mask`` (default: causal among the new tokens)."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from .kv_cache import KVCache
+
+
+@dataclass
+class Context:
+    kv: KVCache
+    slots: list[int]
+    starts: list[int]
+    num_new: list[int]
+    # [B, T, T] bool: True where new token i may attend new token j (must hold the diagonal).
+    tree_mask: torch.Tensor | None = None
+    # Layers whose output hidden states to keep (index i = output of decoder layer i).
+    capture_layers: tuple[int, ...] = ()
+    captured: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Derived once per forward by build_attention_mask; None = no mask needed.
+    attn_mask: torch.Tensor | None = None
+    is_causal: bool = False
+
+    @property
+    def total_len(self) -> int:
+        """Keys attended this forward: max over rows of starts + num_new."""
+        return max(s + n for s, n in zip(self.starts, self.num_new))
+
+
+def build_attention_mask(ctx: Context, device: torch.device) -> None:
+    """Fills ctx.attn_mask [B, 1, T, L] (bool, True = attend) or the cheaper is_causal / no-mask cases."""
+    B, T, L = len(ctx.slots), max(ctx.num_new), ctx.total_len
+    if B == 1 and ctx.tree_mask is None:
+        if T == 1:
+            return  # one query sees every cached key
+        if ctx.starts[0] == 0:
+            ctx.is_causal = True
+            return
+    starts = torch.tensor(ctx.starts, device=device).view(B, 1, 1)
+    n_new = torch.tensor(ctx.num_new, device=device).view(B, 1, 1)
+    rel = torch.arange(L, device=device).view(1, 1, L) - starts  # [B, 1, L] key index relative to row start
+    qi = torch.arange(T, device=device).view(1, T, 1)
+    inside = (rel >= 0) & (rel < n_new)
+    if ctx.tree_mask is None:
+        new_ok = inside & (rel <= qi)
+    else:
+        idx = rel.clamp(0, T - 1).expand(B, T, L)
+        new_ok = inside & torch.gather(ctx.tree_mask.to(device), 2, idx)
+    mask = (rel < 0) | new_ok  # [B, T, L]
+    mask[:, :, 0] |= qi.view(1, T) >= n_new.view(B, 1)  # padded query rows: any valid key avoids NaN
+    ctx.attn_mask = mask.unsqueeze(1)
+
+
+_CTX: Context | None = None
+
+
+def get_context() -> Context:
+    assert _CTX is not None, "model forward called outside engine.context.use_context"
+    return _CTX
+
+
+@contextmanager
+def use_context(ctx: Context, device: torch.device):
+    global _CTX
+    build_attention_mask(ctx, device)
+    prev, _CTX = _CTX, ctx
+    try:
+        yield ctx
+    finally:
+        _CTX = prev

@@ -1,0 +1,94 @@
+"""Preallocated KV cache with per-sequence slots and lengths.
+
+Layout: k, v [num_layers, num_slots, num_kv_heads, max_len, head_dim]. A slot holds one sequence;
+``lengths[slot]`` tokens of it are committed. Rolling back rejected draft tokens is
+``truncate(slot, n)``: O(1), the stale entries are simply overwritten by the next forward
+(gpt-fast's "rollback is don't advance")."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import OutOfMemoryBudgetError
+
+
+class KVCache:
+    def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
+        shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.lengths = [0] * num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, num_slots: int, max_len: int, num_layers: int,
+                    num_kv_heads: int, head_dim: int, dtype: torch.dtype, device="cpu") -> "KVCache":
+        """Largest per-slot length (≤ max_len) whose cache fits ``budget_bytes``."""
+        per_tok = cls.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype)
+        fit = budget_bytes // (per_tok * num_slots)
+        if fit < 16:
+            raise OutOfMemoryBudgetError(
+                f"KV cache budget of {budget_bytes / 2**20:.0f} MiB cannot hold {num_slots} sequence(s) "
+                f"of even 16 tokens ({per_tok} bytes per token); raise the budget or lower the slot count")
+        return cls(num_layers, num_slots, min(max_len, fit), num_kv_heads, head_dim, dtype, device)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.lengths)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise OutOfMemoryBudgetError("no free KV-cache slot")
+        slot = self._free.pop()
+        self.lengths[slot] = 0
+        return slot
+
+    def free(self, slot: int) -> None:
+        self.lengths[slot] = 0
+        self._free.append(slot)
+
+    @property
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def truncate(self, slot: int, length: int) -> None:
+        assert 0 <= length <= self.lengths[slot], (length, self.lengths[slot])
+        self.lengths[slot] = length
+
+    def check_fits(self, slot: int, extra: int) -> None:
+        if self.lengths[slot] + extra > self.max_len:
+            raise OutOfMemoryBudgetError(
+                f"sequence needs {self.lengths[slot] + extra} tokens but the KV cache holds {self.max_len} per sequence")
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: list[int], starts: list[int],
+               num_new: list[int], total_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Writes new k, v [B, Hkv, T, D] at each row's start and returns the keys/values to attend,
+        [B, Hkv, total_len, D] (a view when B == 1). Does not change ``lengths``: the engine
+        commits by calling ``set_length`` / ``truncate`` after acceptance."""
+        ck, cv = self.k[layer], self.v[layer]
+        for b, (slot, s, n) in enumerate(zip(slots, starts, num_new)):
+            ck[slot, :, s:s + n] = k[b, :, :n]
+            cv[slot, :, s:s + n] = v[b, :, :n]
+        if len(slots) == 1:
+            s0 = slots[0]
+            return ck[s0:s0 + 1, :, :total_len], cv[s0:s0 + 1, :, :total_len]
+        idx = torch.tensor(slots, device=ck.device)
+        return ck[idx, :, :total_len], cv[idx, :, :total_len]
+
+    def set_length(self, slot: int, length: int) -> None:
+        assert 0 <= length <= self.max_len
+        self.lengths[slot] = length
+
+    def move(self, slot: int, src: list[int], dst_start: int) -> None:
+        """Copies cache entries at indices ``src`` to ``dst_start ..`` (commits an accepted tree path)."""
+        if src == list(range(dst_start, dst_start + len(src))):
+            return
+        idx = torch.tensor(src, device=self.k.device)
+        n = len(src)
+        self.k[:, slot, :, dst_start:dst_start + n] = self.k[:, slot, :, idx]
+        self.v[:, slot, :, dst_start:dst_start + n] = self.v[:, slot, :, idx]

@@ -1,0 +1,57 @@
+"""Runs a model forward over a batch of sequences held in a KV cache.
+
+One code path for prefill, single-token decode and multi-token (tree) verification. The runner never
+changes committed lengths on its own: callers commit with ``kv.set_length`` after acceptance, which
+is how rejected draft tokens are rolled back for free."""
+from __future__ import annotations
+
+import torch
+
+from .context import Context, use_context
+from .kv_cache import KVCache
+
+
+class ModelRunner:
+    def __init__(self, model, kv: KVCache):
+        self.model, self.kv = model, kv
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.inference_mode()
+    def forward(self, slots: list[int], tokens: list[list[int]], positions: list[list[int]] | None = None,
+                tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+        """Feeds ``tokens[b]`` to sequence ``slots[b]`` after its committed tokens.
+
+        positions[b] default to consecutive positions after the committed length (a chain); a tree
+        passes its node depths plus the committed length and a tree_mask [B, T, T].
+        Returns (logits, hidden, captured): logits [B, T, V] float32 ([B, V] with last_only, the last
+        *real* token of each row), hidden [B, T, H] final normed hidden states, captured {layer: [B, T, H]}.
+        Does not commit: the new tokens sit in the cache beyond ``kv.lengths[slot]``."""
+        B = len(slots)
+        num_new = [len(t) for t in tokens]
+        T = max(num_new)
+        starts = [self.kv.lengths[s] for s in slots]
+        for s, n in zip(slots, num_new):
+            self.kv.check_fits(s, n)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        pos = torch.zeros(B, T, dtype=torch.long)
+        for b in range(B):
+            ids[b, :num_new[b]] = torch.tensor(tokens[b], dtype=torch.long)
+            p = positions[b] if positions is not None else range(starts[b], starts[b] + num_new[b])
+            pos[b, :num_new[b]] = torch.as_tensor(list(p), dtype=torch.long)
+        ids, pos = ids.to(self.device), pos.to(self.device)
+        ctx = Context(self.kv, list(slots), starts, num_new, tree_mask, tuple(capture_layers))
+        with use_context(ctx, self.device):
+            hidden = self.model(ids, pos)
+        if last_only:
+            last = torch.tensor([n - 1 for n in num_new], device=self.device)
+            logits = self.model.compute_logits(hidden[torch.arange(B, device=self.device), last])
+        else:
+            logits = self.model.compute_logits(hidden)
+        return logits, hidden, ctx.captured
+
+    def commit(self, slot: int, length: int) -> None:
+        self.kv.set_length(slot, length)

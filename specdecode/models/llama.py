@@ -1,0 +1,116 @@
+"""Decoder for the Llama family: Llama / SmolLM2, Mistral, Qwen2 / Qwen2.5 (q/k/v bias), Qwen3 (q/k norm).
+
+``forward(input_ids [B, T], positions [B, T]) -> hidden [B, T, hidden]``; per-forward metadata (KV
+slots, tree mask, layers to capture) comes from engine.context. Logits are a separate call so that a
+prefill computes the LM head for its last token only."""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from ..engine.context import get_context
+from ..layers.attention import Attention
+from ..layers.linear import make_linear
+from ..layers.mlp import SwiGLU
+from ..layers.norm import RMSNorm
+from ..layers.rotary import RotaryEmbedding
+from .config import ModelConfig
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(layer_id, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                   cfg.attention_bias, cfg.qk_norm, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    # Checkpoint (Hugging Face) names packed into one of our parameters: name -> (packed name, shard).
+    packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+              "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        ctx = get_context()
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin)
+            if i in ctx.capture_layers:
+                ctx.captured[i] = x
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] (already normed) -> logits [..., vocab] in float32."""
+        if self.lm_head is None:
+            return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
+        return self.lm_head(hidden).float()
+
+    # -- weights ---------------------------------------------------------------------------------
+    def _sizes(self, packed_name: str) -> list[int]:
+        c = self.cfg
+        if packed_name == "qkv_proj":
+            return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
+        return [c.intermediate_size, c.intermediate_size]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies tensors named as in a Hugging Face checkpoint (``model.layers.0.self_attn.q_proj.weight``,
+        ``lm_head.weight``...) into this model, packing q/k/v and gate/up. Raises on a missing tensor."""
+        params = dict(self.named_parameters())
+        seen: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the checkpoint carries a copy of the embedding
+            target, shard = name, None
+            for src, (dst, idx) in self.packed.items():
+                if f".{src}." in name:
+                    target, shard = name.replace(src, dst), idx
+                    break
+            if target not in params:
+                continue  # e.g. rotary inv_freq, or MTP modules loaded elsewhere
+            p = params[target]
+            with torch.no_grad():
+                if shard is None:
+                    p.copy_(tensor.reshape(p.shape))
+                else:
+                    sizes = self._sizes(target.split(".")[-2])
+                    off = sum(sizes[:shard])
+                    p.narrow(0, off, sizes[shard]).copy_(tensor)
+            seen.add(f"{target}#{shard}")
+        expected = set()
+        for n, p in params.items():
+            packed_name = n.split(".")[-2] if n.split(".")[-2] in ("qkv_proj", "gate_up_proj") else None
+            if packed_name and n.endswith("weight") or (packed_name == "qkv_proj" and n.endswith("bias")):
+                expected |= {f"{n}#{i}" for i in range(len(self._sizes(packed_name)))}
+            else:
+                expected.add(f"{n}#None")
+        missing = sorted(expected - seen)
+        if missing:
+            from ..errors import ModelFileError
+            raise ModelFileError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {missing[0].split('#')[0]}")
