@@ -38,3 +38,41 @@ def ours_from_hf(m, dtype=torch.float32, num_slots: int = 4, max_len: int = 256)
     model.load_weights((n, t.to(dtype)) for n, t in m.state_dict().items())
     kv = KVCache(cfg.num_layers, num_slots, max_len, cfg.num_kv_heads, cfg.head_dim, dtype)
     return ModelRunner(model, kv)
+
+
+class CharTokenizer:
+    """A stand-in tokenizer for random-weight models: id i is one printable character."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self.eos_ids: set[int] = set()
+        self.bos_id = None
+        self.chat_template = None
+
+    def id_to_piece(self, i: int) -> str:
+        return chr(0x21 + i)
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(self.id_to_piece(i) for i in ids)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) - 0x21 for c in text]
+
+
+def tiny_llm(spec_type: str = "none", draft_seed: int | None = None, model_type: str = "llama",
+             dtype=torch.float64, max_num_seqs: int = 2, **spec_kw):
+    """An LLM over a tiny random float64 model; with draft_seed, a draft model of that seed
+    (draft_seed == 0 is the target's own weights: every draft is accepted)."""
+    from specdecode import LLM
+
+    hf = hf_model(model_type, dtype=dtype)
+    runner = ours_from_hf(hf, dtype=dtype)
+    tok = CharTokenizer(hf.config.vocab_size)
+    draft = None
+    if draft_seed is not None:
+        d = hf_model(model_type, seed=draft_seed, dtype=dtype)
+        draft = (ours_from_hf(d, dtype=dtype).model, CharTokenizer(d.config.vocab_size))
+        spec_kw.setdefault("model_draft", "in-memory")
+    name = {torch.float64: "float64", torch.float32: "float32"}[dtype]
+    return LLM(spec_type=spec_type, dtype=name, max_model_len=400, max_num_seqs=max_num_seqs,
+               _model=runner.model, _tokenizer=tok, _draft=draft, **spec_kw)

@@ -21,14 +21,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, slots: list[int], tokens: list[list[int]], positions: list[list[int]] | None = None,
-                tree_mask: torch.Tensor | None = None, last_only: bool = False,
+                tree_mask: torch.Tensor | None = None, logits: bool = True, last_only: bool = False,
                 capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
         """Feeds ``tokens[b]`` to sequence ``slots[b]`` after its committed tokens.
 
         positions[b] default to consecutive positions after the committed length (a chain); a tree
         passes its node depths plus the committed length and a tree_mask [B, T, T].
         Returns (logits, hidden, captured): logits [B, T, V] float32 ([B, V] with last_only, the last
-        *real* token of each row), hidden [B, T, H] final normed hidden states, captured {layer: [B, T, H]}.
+        *real* token of each row; None with logits=False), hidden [B, T, H] final normed hidden states,
+        captured {layer: [B, T, H]}.
         Does not commit: the new tokens sit in the cache beyond ``kv.lengths[slot]``."""
         B = len(slots)
         num_new = [len(t) for t in tokens]
@@ -46,12 +47,12 @@ class ModelRunner:
         ctx = Context(self.kv, list(slots), starts, num_new, tree_mask, tuple(capture_layers))
         with use_context(ctx, self.device):
             hidden = self.model(ids, pos)
+        if not logits:
+            return None, hidden, ctx.captured
         if last_only:
             last = torch.tensor([n - 1 for n in num_new], device=self.device)
-            logits = self.model.compute_logits(hidden[torch.arange(B, device=self.device), last])
-        else:
-            logits = self.model.compute_logits(hidden)
-        return logits, hidden, ctx.captured
+            return self.model.compute_logits(hidden[torch.arange(B, device=self.device), last]), hidden, ctx.captured
+        return self.model.compute_logits(hidden), hidden, ctx.captured
 
     def commit(self, slot: int, length: int) -> None:
         self.kv.set_length(slot, length)

@@ -1,0 +1,28 @@
+"""Checkpoint loading: a GGUF file or a Hugging Face directory -> (model, tokenizer, config)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelFileError
+from ..models import build_model
+
+
+def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.device):
+    """Returns (model, tokenizer). ``path`` is a local .gguf file or a model directory."""
+    from ..tokenizer import Tokenizer
+
+    path = Path(path)
+    if path.is_dir():
+        from .hf import iter_hf_tensors, read_hf_config
+
+        cfg = read_hf_config(path)
+        model = build_model(cfg, dtype, device)
+        model.load_weights(iter_hf_tensors(path, dtype))
+        return model, Tokenizer.from_hf_dir(path)
+    if not path.exists():
+        raise ModelFileError(f"{path}: no such file or directory")
+    from .gguf_loader import load_gguf_model
+
+    return load_gguf_model(path, dtype, device), Tokenizer.from_gguf(path)

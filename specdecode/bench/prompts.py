@@ -1,0 +1,52 @@
+"""Prompt sets for ``specdecode bench``: JSONL with Spec-Bench's format
+({"question_id", "category", "turns": [first user turn, ...]}); only the first turn is used."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpecDecodeError
+
+DEFAULT_PROMPTS = "../shared/datasets/spec_bench/question.jsonl"
+# Spec-Bench's "multi-turn conversation" category is MT-bench's 80 questions in 8 sub-categories.
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    text: str
+
+
+def load_prompts(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[Prompt]:
+    """Prompts in file order; ``categories`` filters (``mt_bench`` selects MT-bench's eight);
+    ``limit`` keeps the first N of each category."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecDecodeError(f"prompt file {path} not found (pass --prompts FILE)")
+    wanted = None
+    if categories:
+        wanted = set()
+        for c in categories:
+            wanted |= set(MT_BENCH) if c == "mt_bench" else {c}
+    out, seen = [], {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            text = row["turns"][0] if "turns" in row else row["prompt"]
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError):
+            raise SpecDecodeError(f"{path}:{n}: expected a JSON object with 'turns' or 'prompt'") from None
+        cat = row.get("category", "default")
+        if wanted is not None and cat not in wanted:
+            continue
+        if limit is not None and seen.get(cat, 0) >= limit:
+            continue
+        seen[cat] = seen.get(cat, 0) + 1
+        out.append(Prompt(str(row.get("question_id", n)), cat, text))
+    if not out:
+        raise SpecDecodeError(f"no prompts selected from {path} (categories: {categories})")
+    return out

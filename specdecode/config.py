@@ -1,0 +1,51 @@
+"""Frozen configuration, layered: EngineConfig (the model and the runtime) holds a SpecConfig (the
+proposer). Every default is defined once, here; CLI flags and server options read them from here."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
+SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram", "eagle3", "eagle", "draft-mtp")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    spec_type: str = "none"
+    model_draft: str | None = None  # --model-draft: name, GGUF file or HF directory
+    draft_max: int = 8  # --draft-max: cap on drafted tokens per step (K)
+    draft_min: int = 0  # --draft-min: fewer useful draft tokens than this -> do not draft
+    draft_p_min: float = 0.75  # --draft-p-min: stop a greedy draft when its top probability falls below
+    draft_fixed: bool = False  # --draft-fixed: always draft draft_max tokens (experiments; no cost model)
+    ngram_size_n: int = 3  # --spec-ngram-size-n: tokens matched by ngram-simple
+    prompt_lookup_min: int = 1  # --prompt-lookup-min: smallest n-gram tried by `ngram`
+    prompt_lookup_max: int = 4  # --prompt-lookup-max: largest n-gram tried by `ngram` (tried first)
+    num_steps: int = 3  # --num-steps: EAGLE tree depth
+    eagle_topk: int = 1  # --eagle-topk: EAGLE branching
+    num_draft_tokens: int = 4  # --num-draft-tokens: EAGLE tree nodes verified, counting the root
+    head: str | None = None  # --spec-head: EAGLE head directory (default: the model's bundled head)
+
+    def __post_init__(self):
+        from .errors import InvalidRequestError
+
+        if self.spec_type not in SPEC_TYPES:
+            raise InvalidRequestError(f"unknown --spec-type {self.spec_type!r} (choose from {', '.join(SPEC_TYPES)})")
+        if self.draft_max < 0 or self.draft_min < 0 or self.draft_min > max(self.draft_max, 0):
+            raise InvalidRequestError("--draft-min and --draft-max must satisfy 0 <= draft-min <= draft-max")
+        if not 0.0 <= self.draft_p_min <= 1.0:
+            raise InvalidRequestError("--draft-p-min must be in [0, 1]")
+        if self.ngram_size_n < 1 or not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise InvalidRequestError("n-gram sizes must satisfy 1 <= prompt-lookup-min <= prompt-lookup-max")
+        if self.spec_type == "draft" and not self.model_draft:
+            raise InvalidRequestError("--spec-type draft needs --model-draft")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL  # name, GGUF file or HF directory
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    device: str = "auto"  # auto = cuda if available, else cpu
+    max_model_len: int = 4096  # per-sequence context cap (also capped by the model's own)
+    max_num_seqs: int = 1  # KV-cache slots (concurrent sequences)
+    kv_cache_tokens: int | None = None  # total KV budget in tokens; None = max_num_seqs * max_model_len
+    threads: int | None = None  # torch CPU threads; None = torch's default
+    spec: SpecConfig = field(default_factory=SpecConfig)

@@ -1,0 +1,181 @@
+"""The engine: a target model, its KV cache, a proposer and the draft-length controller.
+
+Requests wait in a queue, are admitted when a KV slot is free, prefilled in chunks, then advanced
+together one speculative step at a time (continuous batching: sequences join and leave between
+steps). Single-stream generation is the same loop with one request. Never imports server or CLI."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..config import EngineConfig
+from ..errors import InvalidRequestError
+from ..sampling_params import SamplingParams
+from ..spec import make_proposer
+from ..spec.controller import AcceptanceEstimate, CostModel, Timer, choose_draft_length
+from ..store import resolve_model
+from ..tokenizer.detok import StreamingDetokenizer
+from .kv_cache import KVCache
+from .model_runner import ModelRunner
+from .sequence import Sequence
+from .spec_step import speculative_step
+
+PREFILL_CHUNK = 512  # prompt tokens per forward: bounds a long prompt's stall of running decodes
+
+
+def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    try:
+        return dev, {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+                     "float16": torch.float16}[dtype]
+    except KeyError:
+        raise InvalidRequestError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, float64)") from None
+
+
+@dataclass
+class StepOutput:
+    seq: Sequence
+    delta: str
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig, model=None, tokenizer=None, draft=None):
+        """Loads ``cfg.model`` unless a (model, tokenizer) pair is given (tests build small ones);
+        ``draft`` likewise an optional (model, tokenizer) for --spec-type draft."""
+        from ..loader import load_checkpoint
+
+        self.cfg = cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        self.device, self.dtype = resolve_device_dtype(cfg.device, cfg.dtype)
+        if model is None:
+            model, tokenizer = load_checkpoint(resolve_model(cfg.model), self.dtype, self.device)
+        self.model, self.tokenizer = model, tokenizer
+        mc = model.cfg
+        self.max_model_len = min(cfg.max_model_len, mc.max_position_embeddings)
+        margin = max(cfg.spec.draft_max, cfg.spec.num_draft_tokens) + 1  # verify writes past the committed length
+        slot_len = self.max_model_len + margin
+        if cfg.kv_cache_tokens is not None:
+            slot_len = min(slot_len, cfg.kv_cache_tokens // cfg.max_num_seqs)
+            if slot_len < 16 + margin:
+                from ..errors import OutOfMemoryBudgetError
+                raise OutOfMemoryBudgetError(f"--kv-cache-tokens {cfg.kv_cache_tokens} is too small for "
+                                             f"{cfg.max_num_seqs} sequence(s)")
+            self.max_model_len = slot_len - margin
+        self.kv = KVCache(mc.num_layers, cfg.max_num_seqs, slot_len, mc.num_kv_heads, mc.head_dim,
+                          self.dtype, self.device)
+        self.runner = ModelRunner(model, self.kv)
+        self.timer = Timer(self.device)
+        self.costs = CostModel()
+        self.proposer = make_proposer(cfg.spec, self, draft)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._calibrated = False
+
+    # -- requests --------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty")
+        if len(prompt_ids) >= self.max_model_len:
+            raise InvalidRequestError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                                      f"{self.max_model_len}")
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+        seq = Sequence(list(prompt_ids), params, StreamingDetokenizer(self.tokenizer),
+                       frozenset(self.tokenizer.eos_ids), generator=gen)
+        seq.stats.type = self.cfg.spec.spec_type
+        seq.spec_state["accept"] = AcceptanceEstimate()
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        seq.abort()
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self._retire()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- stepping --------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """Admits waiting requests, advances prefills by one chunk, and runs one speculative step
+        for every fully prefilled sequence. Returns the visible text each advanced sequence gained."""
+        while self.waiting and self.kv.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.kv.allocate()
+            self.running.append(seq)
+        for seq in self.running:
+            if seq.num_prefilled < len(seq.prompt_ids) - 1:
+                self._prefill_chunk(seq)
+        ready = [s for s in self.running if s.num_prefilled >= len(s.prompt_ids) - 1 and not s.finished]
+        outputs = []
+        if ready:
+            self._maybe_calibrate()
+            ks = [self._draft_length(s, len(ready)) for s in ready]
+            results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
+            self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)
+            for seq, r in zip(ready, results):
+                seq.spec_state["accept"].observe(r.drafted, r.accepted)
+                outputs.append(StepOutput(seq, r.delta))
+        self._retire()
+        return outputs
+
+    def _prefill_chunk(self, seq: Sequence) -> None:
+        """Feeds up to PREFILL_CHUNK prompt tokens (never the last one: it is the first root)."""
+        start = seq.num_prefilled
+        end = min(len(seq.prompt_ids) - 1, start + PREFILL_CHUNK)
+        self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False)
+        self.kv.set_length(seq.slot, end)
+        seq.num_prefilled = end
+        if end == len(seq.prompt_ids) - 1:
+            seq.t_prefill_done = self.timer.now()
+
+    def _draft_length(self, seq: Sequence, batch: int) -> int:
+        spec = self.cfg.spec
+        room = min(seq.params.max_tokens - len(seq.output_ids) - 1,
+                   self.max_model_len - seq.num_tokens - 1, spec.draft_max, self.proposer.max_tokens)
+        if spec.spec_type == "none" or room <= 0:
+            return 0
+        if spec.draft_fixed:
+            return room
+        alphas = seq.spec_state["accept"].alphas(room)
+        k = choose_draft_length(alphas, self.proposer.draft_cost(batch),
+                                lambda t: self.costs.verify_cost(batch, t), room, spec.draft_min)
+        return k
+
+    def _maybe_calibrate(self) -> None:
+        """Measures the target's forward cost over t = 1..K+1 tokens once, on a scratch slot, so the
+        controller has a cost curve before its first decision (later steps refine it online)."""
+        if self._calibrated or self.cfg.spec.spec_type == "none" or self.cfg.spec.draft_fixed:
+            return
+        self._calibrated = True
+        if not self.kv.free_slots:
+            return
+        slot = self.kv.allocate()
+        try:
+            self.runner.forward([slot], [[0] * 32], logits=False)
+            self.kv.set_length(slot, 32)
+            for t in range(1, self.cfg.spec.draft_max + 2):
+                best = float("inf")
+                for _ in range(2):
+                    t0 = self.timer.now()
+                    self.runner.forward([slot], [[0] * t])
+                    best = min(best, self.timer.now() - t0)
+                self.costs.observe(1, t, best)
+        finally:
+            self.kv.free(slot)
+
+    def _retire(self) -> None:
+        for seq in [s for s in self.running if s.finished]:
+            self.running.remove(seq)
+            self.proposer.release(seq)
+            self.kv.free(seq.slot)
+            seq.slot = -1

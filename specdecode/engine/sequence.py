@@ -1,0 +1,104 @@
+"""One generation request as the engine tracks it.
+
+Invariant: the target's KV cache (slot ``slot``) holds ``tokens[:-1]``; the last token (the root of
+the next draft) is fed in the next verify forward."""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sampling import StopChecker
+from ..sampling_params import SamplingParams
+from ..spec.metrics import SpecStats
+from ..tokenizer.detok import StreamingDetokenizer
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    prompt_ids: list[int]
+    params: SamplingParams
+    detok: StreamingDetokenizer
+    eos_ids: frozenset[int]
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    output_ids: list[int] = field(default_factory=list)
+    slot: int = -1
+    generator: torch.Generator | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    text: str = ""  # visible completion text (stop strings cut off)
+    stats: SpecStats = field(default_factory=SpecStats)
+    spec_state: dict = field(default_factory=dict)  # per-proposer / controller state
+    num_prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
+    t_arrival: float = field(default_factory=time.perf_counter)
+    t_first_token: float | None = None
+    t_prefill_done: float | None = None
+    t_finished: float | None = None
+
+    def __post_init__(self):
+        self.stop = StopChecker(tuple(self.params.stop))
+        self._pending_text = ""  # decoded text held back as a possible stop-string prefix
+        self.hidden = None  # proposer-specific target hidden states (EAGLE / MTP)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def append(self, new_tokens: list[int]) -> str:
+        """Appends generated tokens, applying EOS / stop tokens / max_tokens / stop strings.
+        Returns the newly visible text. Tokens after a stop condition are dropped."""
+        if self.t_first_token is None:
+            self.t_first_token = time.perf_counter()
+        p = self.params
+        delta = ""
+        for t in new_tokens:
+            if self.finished:
+                break
+            self.output_ids.append(t)
+            is_eos = (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids
+            if is_eos:
+                self.finish_reason = "stop"
+            else:
+                delta += self.detok.add(t)
+            if not self.finished and len(self.output_ids) >= p.max_tokens:
+                self.finish_reason = "length"
+            if self.finished:
+                delta += self.detok.flush()
+            delta = self._apply_stop_strings(delta)
+        if self.finished:
+            self.t_finished = time.perf_counter()
+        self.text += delta
+        return delta
+
+    def _apply_stop_strings(self, delta: str) -> str:
+        if not self.params.stop:
+            return delta
+        text = self._pending_text + delta
+        full = self.text + text
+        status = self.stop.check(full, checked=len(self.text))
+        if status.stop_at is not None:
+            self.finish_reason = "stop"
+            self._pending_text = ""
+            return full[len(self.text):status.stop_at]
+        if self.finished:
+            self._pending_text = ""
+            return text
+        visible = max(status.safe - len(self.text), 0)
+        self._pending_text = text[visible:]
+        return text[:visible]
+
+    def abort(self) -> None:
+        if not self.finished:
+            self.finish_reason = "abort"
+            self.t_finished = time.perf_counter()

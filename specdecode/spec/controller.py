@@ -1,0 +1,96 @@
+"""Draft length per step from measured quantities ("never slower").
+
+For a sequence whose drafted position i is accepted with probability a_i (given i-1 accepted), a
+chain of k drafts yields E(k) = 1 + a_1 + a_1 a_2 + ... + a_1..a_k tokens per step and costs
+C(k) = k * c + v(k + 1) seconds, where c is the measured cost of drafting one token and v(t) the
+measured cost of a target forward over t tokens. We pick k in [0, K] maximising E(k) / C(k); k = 0
+is plain decoding, chosen whenever drafting does not pay.
+
+Acceptance is estimated per request and per position from exponentially decayed counts with a
+prior: counts fade, so a request that stopped drafting drifts back to the prior and probes again."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+PRIOR_ALPHA = 0.5  # prior acceptance per position
+PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
+DECAY = 0.97  # per-step decay of the counts (≈ the last 30 steps matter)
+EMA = 0.2  # weight of a new cost measurement
+
+
+@dataclass
+class AcceptanceEstimate:
+    tries: list[float] = field(default_factory=list)
+    hits: list[float] = field(default_factory=list)
+
+    def alphas(self, k: int) -> list[float]:
+        out = []
+        for i in range(k):
+            t = self.tries[i] if i < len(self.tries) else 0.0
+            h = self.hits[i] if i < len(self.hits) else 0.0
+            out.append((h + PRIOR_ALPHA * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT))
+        return out
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        self.tries = [x * DECAY for x in self.tries]
+        self.hits = [x * DECAY for x in self.hits]
+        while len(self.tries) < drafted:
+            self.tries.append(0.0)
+            self.hits.append(0.0)
+        # position i is only "tried" if every earlier position was accepted
+        for i in range(min(drafted, accepted + 1)):
+            self.tries[i] += 1
+            self.hits[i] += i < accepted
+
+
+class CostModel:
+    """Measured target forward time v(t) over t new tokens (per batch size), EMA-smoothed."""
+
+    def __init__(self):
+        self.v: dict[tuple[int, int], float] = {}
+
+    def observe(self, batch: int, tokens: int, seconds: float) -> None:
+        key = (batch, tokens)
+        old = self.v.get(key)
+        self.v[key] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+
+    def verify_cost(self, batch: int, tokens: int) -> float:
+        if (batch, tokens) in self.v:
+            return self.v[(batch, tokens)]
+        if not self.v:
+            return float(batch * tokens)  # no data yet: proportional to work (pessimistic)
+        # Unmeasured shape: scale the nearest measurement linearly in batch*tokens. Linear is an
+        # upper bound on CPU and GPU alike (small verifies cost less than proportionally), so an
+        # unmeasured shape never makes drafting look cheaper than it is.
+        (b, t), s = min(self.v.items(), key=lambda kv: abs(kv[0][0] * kv[0][1] - batch * tokens))
+        return s * (batch * tokens) / (b * t)
+
+
+def choose_draft_length(alphas: list[float], draft_cost: float, verify_cost, k_max: int, k_min: int = 0) -> int:
+    """argmax_k E(k)/C(k) over k in {0} ∪ [max(k_min,1), k_max]; verify_cost(t) gives v(t)."""
+    best_k, best = 0, 1.0 / verify_cost(1)
+    expected, run = 1.0, 1.0
+    for k in range(1, k_max + 1):
+        run *= alphas[k - 1]
+        expected += run
+        if k < k_min:
+            continue
+        rate = expected / (k * draft_cost + verify_cost(k + 1))
+        if rate > best:
+            best_k, best = k, rate
+    return best_k
+
+
+class Timer:
+    """perf_counter with a device sync where timings would otherwise be asynchronous (CUDA)."""
+
+    def __init__(self, device):
+        self.cuda = getattr(device, "type", str(device)) == "cuda"
+
+    def now(self) -> float:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        return time.perf_counter()

@@ -1,0 +1,141 @@
+"""A separate small draft model with its own KV cache, kept in step with the target's.
+
+State per sequence (seq.spec_state): ``draft_slot``; ``draft_len`` = leading tokens of seq.tokens
+whose KV the draft cache holds (its committed length). A proposal feeds the pending tokens
+tokens[draft_len:] (at least the root) and then its own drafts one at a time; ``commit`` keeps what
+the target accepted, which the draft had fed, and rolls the rest back by not advancing."""
+from __future__ import annotations
+
+import torch
+
+from ..config import SpecConfig
+from ..engine.kv_cache import KVCache
+from ..engine.model_runner import ModelRunner
+from ..errors import SpecDecodeError
+from ..sampling import process_logits, sample
+from ..spec.controller import EMA
+from .proposer import Proposer
+from .tree import DraftTree
+
+
+def check_vocab_compatible(target_tok, draft_tok) -> None:
+    """The draft must speak the target's token ids. A padded embedding table (extra unused rows) is
+    harmless and allowed; a different tokenizer is refused."""
+    if target_tok.vocab_size != draft_tok.vocab_size or any(
+            target_tok.id_to_piece(i) != draft_tok.id_to_piece(i) for i in range(target_tok.vocab_size)):
+        raise SpecDecodeError(f"the draft model's vocabulary ({draft_tok.vocab_size} tokens) does not match "
+                              f"the target's ({target_tok.vocab_size} tokens): use a draft with the same tokenizer")
+
+
+class DraftModelProposer(Proposer):
+    name = "draft"
+
+    def __init__(self, spec: SpecConfig, engine, model=None, tokenizer=None):
+        from ..loader import load_checkpoint
+        from ..store import resolve_model
+
+        if model is None:
+            model, tokenizer = load_checkpoint(resolve_model(spec.model_draft), engine.dtype, engine.device)
+        check_vocab_compatible(engine.tokenizer, tokenizer)
+        self.spec, self.model = spec, model
+        self.target_vocab = engine.model.cfg.vocab_size
+        mc = model.cfg
+        # one slot per engine slot plus a scratch slot for cost calibration
+        self.kv = KVCache(mc.num_layers, engine.kv.num_slots + 1, engine.kv.max_len, mc.num_kv_heads,
+                          mc.head_dim, engine.dtype, engine.device)
+        self.runner = ModelRunner(model, self.kv)
+        self.now = engine.timer.now
+        self._cost: dict[int, float] = {}
+
+    def _logits_in_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """[B, V_draft] -> [B, V_target]: drop padded rows, or pad with -inf (q = 0 there)."""
+        V = self.target_vocab
+        if logits.shape[-1] >= V:
+            return logits[..., :V]
+        pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
+
+    def propose(self, seqs, max_tokens):
+        drafts = [[] for _ in seqs]
+        qs: list[list[torch.Tensor]] = [[] for _ in seqs]
+        active = [b for b, k in enumerate(max_tokens) if k > 0]
+        for b in active:
+            st = seqs[b].spec_state
+            if "draft_slot" not in st:
+                st["draft_slot"], st["draft_len"] = self.kv.allocate(), 0
+            st["draft_fed"] = 0
+        feed = {b: seqs[b].tokens[seqs[b].spec_state["draft_len"]:] for b in active}
+        while active:
+            t0 = self.now()
+            slots = [seqs[b].spec_state["draft_slot"] for b in active]
+            logits, _, _ = self.runner.forward(slots, [feed[b] for b in active], last_only=True)
+            if all(len(feed[b]) == 1 for b in active):
+                self._observe_cost(len(active), self.now() - t0)
+            logits = self._logits_in_target_vocab(logits)
+            still = []
+            for row, b in enumerate(active):
+                seq, st = seqs[b], seqs[b].spec_state
+                self.kv.set_length(st["draft_slot"], self.kv.lengths[st["draft_slot"]] + len(feed[b]))
+                st["draft_fed"] += len(feed[b])
+                tok, q, confident = self._draft_token(logits[row], seq)
+                if not confident and drafts[b]:
+                    continue  # --draft-p-min: stop this draft before a likely-wrong token
+                drafts[b].append(tok)
+                if q is not None:
+                    qs[b].append(q)
+                if len(drafts[b]) < max_tokens[b]:
+                    feed[b] = [tok]
+                    still.append(b)
+            active = still
+        return [DraftTree.chain(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
+
+    def _draft_token(self, logits: torch.Tensor, seq) -> tuple[int, torch.Tensor | None, bool]:
+        """One draft token from logits [V]: (token, q it was drawn from or None if deterministic, confident)."""
+        if seq.params.greedy:
+            tok = int(logits.argmax())
+            return tok, None, float(torch.softmax(logits, -1)[tok]) >= self.spec.draft_p_min
+        q = process_logits(logits.unsqueeze(0), seq.params)[0]
+        tok = int(sample(q.unsqueeze(0), seq.generator)[0])
+        return tok, q, float(q.max()) >= self.spec.draft_p_min
+
+    def commit(self, seq, num_accepted):
+        st = seq.spec_state
+        if "draft_fed" not in st:
+            return
+        # The draft fed draft_len..(draft_len + draft_fed): the pending tokens, then its own drafts.
+        # Those drafts that the target accepted are now sequence tokens; the first rejected one is not.
+        fed_end = st["draft_len"] + st.pop("draft_fed")
+        # seq.tokens[:-1] are exactly what was fed up to the first rejected draft (the newest token
+        # came from the target and was never fed), so the valid prefix ends at the shorter of the two.
+        valid = min(fed_end, len(seq.tokens) - 1)
+        self.kv.set_length(st["draft_slot"], valid)
+        st["draft_len"] = valid
+
+    def release(self, seq):
+        st = seq.spec_state
+        if "draft_slot" in st:
+            self.kv.free(st.pop("draft_slot"))
+
+    def _observe_cost(self, batch: int, seconds: float) -> None:
+        old = self._cost.get(batch)
+        self._cost[batch] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+
+    def draft_cost(self, n_seqs: int = 1) -> float:
+        if n_seqs not in self._cost:
+            self._calibrate(n_seqs)
+        return self._cost[n_seqs]
+
+    def _calibrate(self, n_seqs: int) -> None:
+        """One-token forwards of the draft on the scratch slot (repeated n_seqs times as a batch)."""
+        slot = self.kv.allocate()
+        try:
+            self.runner.forward([slot], [[0] * 32], logits=False)
+            self.kv.set_length(slot, 32)
+            best = float("inf")
+            for _ in range(3):
+                t0 = self.now()
+                self.runner.forward([slot] * n_seqs, [[0]] * n_seqs, last_only=True)
+                best = min(best, self.now() - t0)
+            self._cost[n_seqs] = best
+        finally:
+            self.kv.free(slot)

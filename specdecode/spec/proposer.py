@@ -1,0 +1,45 @@
+"""The one interface every drafter implements (none, draft model, n-gram, EAGLE, MTP)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .tree import DraftTree
+
+if TYPE_CHECKING:
+    from ..engine.sequence import Sequence
+
+
+class Proposer:
+    """Contract:
+    - ``propose(seqs, max_tokens)`` returns one DraftTree per sequence with at most ``max_tokens[b]``
+      nodes (fewer, or none, is always allowed). Tokens are drafted after ``seq.tokens`` (whose last
+      token, the root, is not yet in the target's KV cache). Sampled drafts carry the exact processed
+      distribution each token was drawn from (``draft_probs``); deterministic drafts carry None.
+    - ``commit(seq, num_accepted)`` is called after the sequence's tokens were extended by the accepted
+      draft tokens plus one target token; the proposer rolls its own state (e.g. KV cache) back to
+      what is still valid.
+    - ``release(seq)`` frees per-sequence state when the sequence finishes.
+    - ``draft_cost(n_seqs)``: measured seconds to draft one token for a batch of n_seqs (0 for free drafters);
+      the draft-length controller weighs it against the target's verify cost.
+    - ``capture_layers``: target layers whose hidden states the proposer reads (EAGLE); the engine
+      passes them as ``seq.hidden`` after each verify."""
+
+    name = "none"
+    capture_layers: tuple[int, ...] = ()
+
+    def propose(self, seqs: list["Sequence"], max_tokens: list[int]) -> list[DraftTree]:
+        return [DraftTree.empty() for _ in seqs]
+
+    def commit(self, seq: "Sequence", num_accepted: int) -> None:
+        pass
+
+    def release(self, seq: "Sequence") -> None:
+        pass
+
+    def draft_cost(self, n_seqs: int = 1) -> float:
+        return 0.0
+
+    @property
+    def max_tokens(self) -> int:
+        """Upper bound on nodes per draft (the controller never asks for more)."""
+        return 1 << 30

@@ -1,0 +1,41 @@
+"""Greedy speculative output is token-identical to plain greedy output, for every proposer."""
+import pytest
+import torch
+
+from specdecode import SamplingParams
+from tiny_models import tiny_llm
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+# prompts with repetition so that n-gram lookup finds matches
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 100, 200, 1, 2], [42]]
+
+
+@pytest.fixture(scope="module")
+def plain():
+    llm = tiny_llm("none")
+    return [o.token_ids for o in llm.generate(PROMPTS, GREEDY)]
+
+
+@pytest.mark.parametrize("spec_type,kw", [
+    ("draft", dict(draft_seed=0)),  # draft = target: everything accepted
+    ("draft", dict(draft_seed=7)),  # an unrelated draft: most drafts rejected
+    ("draft", dict(draft_seed=7, draft_fixed=True, draft_max=5)),
+    ("ngram-simple", dict(draft_fixed=True, draft_max=4, ngram_size_n=2)),
+    ("ngram", dict(draft_fixed=True, draft_max=3)),
+    ("ngram", dict()),
+])
+def test_greedy_identical(plain, spec_type, kw):
+    llm = tiny_llm(spec_type, **kw)
+    for prompt, ref in zip(PROMPTS, plain):  # one at a time: single-stream path
+        out = llm.generate(prompt, GREEDY)[0]
+        assert out.token_ids == ref
+    outs = llm.generate(PROMPTS, GREEDY)  # all together: batched verify path
+    assert [o.token_ids for o in outs] == plain
+
+
+def test_full_acceptance_with_identical_draft():
+    llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=4, draft_p_min=0.0)
+    out = llm.generate(PROMPTS[0], GREEDY)[0]
+    spec = out.stats["spec"]
+    assert spec["acceptance_rate"] == 1.0
+    assert spec["mean_acceptance_length"] > 4.0  # 4 drafts + 1 per step, except the capped last steps
