@@ -19,6 +19,7 @@ def plain():
 @pytest.mark.parametrize("spec_type,kw", [
     ("draft", dict(draft_seed=0)),  # draft = target: everything accepted
     ("draft", dict(draft_seed=7)),  # an unrelated draft: most drafts rejected
+    ("draft", dict(draft_seed=0, draft_noise=0.5, draft_p_min=0.0)),  # a draft that is right part of the time
     ("draft", dict(draft_seed=7, draft_fixed=True, draft_max=5)),
     ("ngram-simple", dict(draft_fixed=True, draft_max=4, ngram_size_n=2)),
     ("ngram", dict(draft_fixed=True, draft_max=3)),

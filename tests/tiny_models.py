@@ -60,9 +60,10 @@ class CharTokenizer:
 
 
 def tiny_llm(spec_type: str = "none", draft_seed: int | None = None, model_type: str = "llama",
-             dtype=torch.float64, max_num_seqs: int = 2, **spec_kw):
+             dtype=torch.float64, max_num_seqs: int = 2, draft_noise: float = 0.0, **spec_kw):
     """An LLM over a tiny random float64 model; with draft_seed, a draft model of that seed
-    (draft_seed == 0 is the target's own weights: every draft is accepted)."""
+    (draft_seed == 0 is the target's own weights: every draft is accepted; draft_noise > 0 perturbs
+    them, giving a draft that agrees with the target only part of the time)."""
     from specdecode import LLM
 
     hf = hf_model(model_type, dtype=dtype)
@@ -71,6 +72,11 @@ def tiny_llm(spec_type: str = "none", draft_seed: int | None = None, model_type:
     draft = None
     if draft_seed is not None:
         d = hf_model(model_type, seed=draft_seed, dtype=dtype)
+        if draft_noise:
+            g = torch.Generator().manual_seed(123)
+            with torch.no_grad():
+                for p in d.parameters():
+                    p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * draft_noise * p.std())
         draft = (ours_from_hf(d, dtype=dtype).model, CharTokenizer(d.config.vocab_size))
         spec_kw.setdefault("model_draft", "in-memory")
     name = {torch.float64: "float64", torch.float32: "float32"}[dtype]

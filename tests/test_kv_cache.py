@@ -1,0 +1,128 @@
+"""KV-cache semantics the speculative layer relies on: one code path for prefill / decode / verify,
+O(1) rollback, tree verification, and a cache that after many accept/reject steps equals a fresh
+prefill of the committed tokens."""
+import pytest
+import torch
+
+from specdecode import SamplingParams
+from specdecode.engine.kv_cache import KVCache
+from specdecode.errors import OutOfMemoryBudgetError
+from specdecode.spec.tree import DraftTree
+from tiny_models import hf_model, ours_from_hf, tiny_llm
+
+ATOL = 1e-9  # float64 throughout: different summation orders agree to ~1e-13
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return ours_from_hf(hf_model("qwen2", dtype=torch.float64), dtype=torch.float64)
+
+
+def _ids(n, seed=0):
+    return torch.randint(0, 384, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_prefill_equals_single_steps(runner):
+    ids = _ids(24)
+    a, b = runner.kv.allocate(), runner.kv.allocate()
+    full, _, _ = runner.forward([a], [ids])
+    steps = []
+    for i, t in enumerate(ids):
+        lg, _, _ = runner.forward([b], [[t]])
+        runner.commit(b, i + 1)
+        steps.append(lg[0, 0])
+    torch.testing.assert_close(full[0], torch.stack(steps), rtol=0, atol=ATOL)
+    runner.kv.free(a), runner.kv.free(b)
+
+
+def test_truncate_and_refeed(runner):
+    ids, other = _ids(20, 1), _ids(7, 2)
+    s = runner.kv.allocate()
+    runner.forward([s], [ids[:12]])
+    runner.commit(s, 12)
+    runner.forward([s], [other])  # rejected tokens: written past the committed length...
+    runner.commit(s, 19)
+    runner.kv.truncate(s, 12)  # ...and rolled back in O(1)
+    after, _, _ = runner.forward([s], [ids[12:]])
+    fresh = runner.kv.allocate()
+    ref, _, _ = runner.forward([fresh], [ids])
+    torch.testing.assert_close(after[0], ref[0, 12:], rtol=0, atol=ATOL)
+    runner.kv.free(s), runner.kv.free(fresh)
+
+
+def test_batched_rows_match_single(runner):
+    """Rows of different lengths and cache fills in one forward give each row's solo logits."""
+    a, b = runner.kv.allocate(), runner.kv.allocate()
+    runner.forward([a], [_ids(9, 3)])
+    runner.commit(a, 9)
+    new_a, new_b = _ids(3, 4), _ids(6, 5)
+    lg, _, _ = runner.forward([a, b], [new_a, new_b])
+    solo_a, _, _ = runner.forward([a], [new_a])
+    solo_b, _, _ = runner.forward([b], [new_b])
+    torch.testing.assert_close(lg[0, :3], solo_a[0], rtol=0, atol=ATOL)
+    torch.testing.assert_close(lg[1, :6], solo_b[0], rtol=0, atol=ATOL)
+    runner.kv.free(a), runner.kv.free(b)
+
+
+def test_tree_verify_matches_chains_and_commit(runner):
+    """One tree forward gives every node the logits of its own root-to-node chain; committing a
+    path by moving its entries leaves the cache equal to a fresh prefill."""
+    prefix = _ids(10, 6)
+    # root children: 0, 1; node 2 under 0; node 3 under 2; node 4 under 1
+    tree = DraftTree([11, 12, 13, 14, 15], [-1, -1, 0, 2, 1])
+    s = runner.kv.allocate()
+    runner.forward([s], [prefix[:-1]])
+    runner.commit(s, 9)
+    L = 9
+    toks = [[prefix[-1]] + tree.tokens]
+    pos = [[L + d for d in [0] + tree.depths()]]
+    lg, _, _ = runner.forward([s], toks, pos, tree_mask=tree.attention_mask().unsqueeze(0))
+    paths = {0: [11], 1: [12], 2: [11, 13], 3: [11, 13, 14], 4: [12, 15]}
+    for node, path in paths.items():
+        c = runner.kv.allocate()
+        ref, _, _ = runner.forward([c], [prefix + path])
+        torch.testing.assert_close(lg[0, node + 1], ref[0, -1], rtol=0, atol=ATOL)
+        runner.kv.free(c)
+    # accept path 0 -> 2 -> 3: move entries L+1+[0, 2, 3] to L+1.., commit, compare with fresh prefill
+    runner.kv.move(s, [L + 1 + p for p in (0, 2, 3)], L + 1)
+    runner.commit(s, L + 4)
+    nxt, _, _ = runner.forward([s], [[99]])
+    c = runner.kv.allocate()
+    ref, _, _ = runner.forward([c], [prefix + [11, 13, 14, 99]])
+    torch.testing.assert_close(nxt[0, 0], ref[0, -1], rtol=0, atol=ATOL)
+    runner.kv.free(s), runner.kv.free(c)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cache_after_many_spec_steps_equals_fresh_prefill(temperature):
+    llm = tiny_llm("draft", draft_seed=0, draft_noise=0.5, draft_fixed=True, draft_max=4, draft_p_min=0.0)
+    eng = llm.engine
+    seq = eng.add_request(_ids(8, 8), SamplingParams(temperature=temperature, max_tokens=200, seed=1,
+                                                     ignore_eos=True))
+    for _ in range(30):
+        eng.step()
+    assert seq.stats.draft_tokens > seq.stats.accepted_tokens > 0  # both accepts and rejects happened
+    L = eng.kv.lengths[seq.slot]
+    assert L == seq.num_tokens - 1
+    fresh = eng.kv.allocate()
+    eng.runner.forward([fresh], [seq.tokens[:-1]])
+    for cache in (eng.kv.k, eng.kv.v):
+        torch.testing.assert_close(cache[:, seq.slot, :, :L], cache[:, fresh, :, :L], rtol=0, atol=ATOL)
+    # and the draft model's cache equals a fresh prefill of what it claims to hold
+    prop = eng.proposer
+    dslot, dlen = seq.spec_state["draft_slot"], seq.spec_state["draft_len"]
+    dfresh = prop.kv.allocate()
+    prop.runner.forward([dfresh], [seq.tokens[:dlen]])
+    torch.testing.assert_close(prop.kv.k[:, dslot, :, :dlen], prop.kv.k[:, dfresh, :, :dlen], rtol=0, atol=ATOL)
+
+
+def test_budget_sizing_and_clear_error():
+    kv = KVCache.from_budget(2**20, num_slots=2, max_len=10_000, num_layers=2, num_kv_heads=2, head_dim=16,
+                             dtype=torch.float32)
+    per_tok = KVCache.bytes_per_token(2, 2, 16, torch.float32)
+    assert kv.max_len == 2**20 // (per_tok * 2)
+    with pytest.raises(OutOfMemoryBudgetError, match="cannot hold"):
+        KVCache.from_budget(1000, 2, 10_000, 2, 2, 16, torch.float32)
+    s = kv.allocate()
+    with pytest.raises(OutOfMemoryBudgetError, match="KV cache holds"):
+        kv.check_fits(s, kv.max_len + 1)
