@@ -1,0 +1,130 @@
+"""Logits → processed distribution → token, and stop-string handling.
+
+``process_logits`` is the single place where sampling settings shape a distribution. The speculative
+verifier runs it on both the target's and the draft's logits, so the p and q it compares are
+processed identically; acceptance is lossless with respect to exactly this processed p."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .sampling_params import SamplingParams
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[SamplingParams]) -> torch.Tensor:
+    """logits [N, V] → probs [N, V] float32, each row summing to 1.
+
+    Order (as in vLLM / HF): temperature, top-k, top-p, min-p, renormalise. ``params`` is one setting
+    for every row or one per row. Greedy rows are one-hot at argmax (ties: the lowest index).
+    Filters are tie-inclusive: a token whose probability equals the cut-off value is kept, so the
+    result never depends on sort order. The argmax always survives, so no row becomes empty as long
+    as it has one finite logit."""
+    logits = logits.float()
+    n, v = logits.shape
+    rows = [params] * n if isinstance(params, SamplingParams) else list(params)
+    if len(rows) != n:
+        raise ValueError(f"{len(rows)} SamplingParams for {n} rows of logits")
+    temp, top_k, top_p, min_p = _param_columns(rows, logits.device)  # each [N, 1]
+    greedy = torch.tensor([p.greedy for p in rows], device=logits.device).reshape(n, 1)
+    scaled = logits / torch.where(greedy, torch.ones_like(temp), temp)
+
+    # Decided from the Python values, so that skipping unused filters costs no device sync.
+    use_top_k = any(0 < p.top_k < v for p in rows)
+    use_top_p = any(p.top_p < 1 for p in rows)
+    if use_top_k or use_top_p:
+        sorted_vals, order = scaled.sort(dim=-1, descending=True)  # [N, V]
+        # top-k: keep everything >= the k-th largest value; rows with k disabled keep all.
+        k = torch.where((top_k > 0) & (top_k < v), top_k, torch.full_like(top_k, v))
+        kth = sorted_vals.gather(-1, k - 1)  # [N, 1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+
+    if use_top_p:
+        # Softmax is monotone, so ``order`` still sorts probs (masked tokens sit at the end with 0).
+        # Gathered rather than recomputed so the cut-off compares bit-identical values.
+        sorted_probs = probs.gather(-1, order)  # [N, V]
+        mass_before = torch.nn.functional.pad(sorted_probs.cumsum(-1)[:, :-1], (1, 0))  # exclusive cumsum
+        # Smallest prefix reaching top_p: keep a token while the mass before it is < top_p. The first
+        # token always has mass_before == 0 < top_p. Cut-off = the smallest kept probability.
+        n_keep = (mass_before < top_p).sum(-1, keepdim=True)  # [N, 1] >= 1
+        cutoff = sorted_probs.gather(-1, n_keep - 1)
+        cutoff = torch.where(top_p < 1, cutoff, torch.zeros_like(cutoff))
+        probs = probs.masked_fill(probs < cutoff, 0.0)
+
+    if any(p.min_p > 0 for p in rows):
+        # Relative to the most likely token; renormalisation does not change the ratio.
+        probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0.0)
+
+    probs = probs / probs.sum(-1, keepdim=True)  # sum >= the argmax's probability > 0
+    if any(p.greedy for p in rows):
+        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        probs = torch.where(greedy, one_hot, probs)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """probs [N, V] → tokens [N] long; the same generator state gives the same tokens.
+
+    Inverse CDF with one uniform per row: the first index whose cumulative mass exceeds u · total.
+    Several times faster on CPU than torch.multinomial / an exponential race, which draw V random
+    numbers per row, and it never forces a device sync. The cumulative sum is in float64, so its
+    rounding is far below float32 probability resolution; a zero-probability token is never picked
+    (its CDF step is exactly flat). u is drawn in float32 (<= 1 - 2^-24), so u · total < total and the
+    index stays in range. Rows with a single non-zero entry (greedy) give their argmax."""
+    cdf = probs.double().cumsum(-1)  # [N, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device).double()
+    drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+    deterministic = (probs > 0).sum(-1) == 1
+    return torch.where(deterministic, probs.argmax(-1), drawn)
+
+
+def _param_columns(rows: list[SamplingParams], device) -> tuple[torch.Tensor, ...]:
+    """temperature, top_k, top_p, min_p as [N, 1] columns (float, long, float, float)."""
+    def col(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=device).reshape(len(rows), 1)
+    return (col([p.temperature for p in rows], torch.float32), col([max(p.top_k, 0) for p in rows], torch.long),
+            col([p.top_p for p in rows], torch.float32), col([p.min_p for p in rows], torch.float32))
+
+
+@dataclass(frozen=True)
+class StopStatus:
+    stop_at: int | None  # cut the text here (text[:stop_at] is final), None = no stop string yet
+    safe: int  # text[:safe] can be streamed now; == stop_at when stopped
+    matched: str | None  # the stop string that ended the output
+
+
+class StopChecker:
+    """Finds stop strings in the accumulated output text.
+
+    When several stop strings occur, the one whose match *ends* first wins (ties: the one starting
+    first). That is what checking after every single character would give, so the result does not
+    depend on how text arrives in chunks — speculative decoding can add several tokens at once and
+    must still cut exactly where plain decoding would. While no stop string has completed, a tail
+    that could be the start of one is held back from streaming."""
+
+    def __init__(self, stop: tuple[str, ...]):
+        self.stop = tuple(s for s in stop if s)
+
+    def check(self, text: str, checked: int = 0) -> StopStatus:
+        """``checked``: length of a prefix of ``text`` already checked without a match (the caller's
+        previous text length), so only the new end of the text is searched."""
+        best: tuple[int, int, str] | None = None  # (end, start, stop string)
+        for s in self.stop:
+            start = text.find(s, max(0, checked - len(s) + 1))
+            if start >= 0 and (best is None or (start + len(s), start) < best[:2]):
+                best = (start + len(s), start, s)
+        if best is not None:
+            return StopStatus(best[1], best[1], best[2])
+        return StopStatus(None, len(text) - self._partial_tail(text), None)
+
+    def _partial_tail(self, text: str) -> int:
+        """Length of the longest suffix of text that is a proper prefix of some stop string."""
+        longest = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(text)), longest, -1):
+                if text.endswith(s[:k]):
+                    longest = k
+                    break
+        return longest

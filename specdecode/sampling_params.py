@@ -1,0 +1,65 @@
+"""Per-request sampling settings, defined once here for the engine, the CLI and the server.
+
+Defaults follow vLLM (and the OpenAI API): temperature 1.0, no top-k / top-p / min-p filtering.
+Invalid values raise ``InvalidRequestError`` with a one-line message the CLI and server show as is."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .errors import InvalidRequestError
+
+# Temperatures below this are treated as greedy, like vLLM's _SAMPLING_EPS: dividing logits by a
+# tiny temperature overflows float32, and the resulting distribution would be one-hot anyway.
+GREEDY_TEMPERATURE = 1e-5
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: disabled (-1 is what vLLM / OpenAI-style clients send; stored as 0)
+    min_p: float = 0.0
+    max_tokens: int = 256
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # output is cut before the first stop string, which is not returned
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        # Lists and a bare string are accepted for convenience; stored as tuples so the object
+        # stays hashable and immutable.
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        object.__setattr__(self, "stop", stop)
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        _check(_is_real(self.temperature) and self.temperature >= 0,
+               f"temperature must be >= 0, got {self.temperature!r}")
+        _check(_is_real(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(_is_int(self.top_k) and self.top_k >= -1,
+               f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}")
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        _check(_is_real(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
+               f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        _check(self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        _check(all(isinstance(s, str) and s for s in stop), "stop must be a list of non-empty strings")
+        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+               "stop_token_ids must be a list of non-negative integers")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < GREEDY_TEMPERATURE
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise InvalidRequestError(message)

@@ -1,0 +1,166 @@
+"""SamplingParams validation, process_logits filters against hand computations, sample(), StopChecker."""
+import math
+
+import pytest
+import torch
+
+from specdecode.errors import InvalidRequestError
+from specdecode.sampling import StopChecker, process_logits, sample
+from specdecode.sampling_params import SamplingParams
+
+# One row with distinct probabilities, so every filter's cut is easy to compute by hand.
+PROBS = torch.tensor([0.05, 0.15, 0.30, 0.10, 0.40])
+LOGITS = PROBS.log()[None]  # [1, 5]
+
+
+def close(a, b):
+    torch.testing.assert_close(a, torch.as_tensor(b, dtype=torch.float32).reshape(a.shape), atol=1e-6, rtol=0)
+
+
+def renorm(p):
+    p = torch.as_tensor(p, dtype=torch.float32)
+    return p / p.sum()
+
+
+def test_defaults_like_vllm():
+    p = SamplingParams()
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens, p.seed) == (1.0, 1.0, 0, 0.0, 256, None)
+    assert p.stop == () and p.stop_token_ids == () and not p.ignore_eos and not p.greedy
+    assert SamplingParams(temperature=0).greedy
+    assert SamplingParams(top_k=-1).top_k == 0
+    assert SamplingParams(stop="###").stop == ("###",)
+    as_lists = SamplingParams(stop=["a", "b"], stop_token_ids=[2])
+    assert as_lists == SamplingParams(stop=("a", "b"), stop_token_ids=(2,)) and hash(as_lists)
+
+
+@pytest.mark.parametrize("kw, word", [
+    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"),
+    (dict(min_p=-0.1), "min_p"), (dict(min_p=1.1), "min_p"), (dict(max_tokens=0), "max_tokens"),
+    (dict(seed="x"), "seed"), (dict(stop=("",)), "stop"), (dict(stop_token_ids=(-1,)), "stop_token_ids"),
+])
+def test_validation(kw, word):
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(**kw)
+    msg = str(e.value)
+    assert word in msg and "\n" not in msg
+
+
+def test_temperature():
+    close(process_logits(LOGITS, SamplingParams()), PROBS)
+    close(process_logits(LOGITS, SamplingParams(temperature=0.5)), renorm(PROBS ** 2))  # exp(2 log p) = p²
+    close(process_logits(LOGITS, SamplingParams(temperature=2.0)), renorm(PROBS ** 0.5))
+
+
+def test_greedy_one_hot_lowest_index_on_ties():
+    close(process_logits(LOGITS, SamplingParams(temperature=0)), [0, 0, 0, 0, 1])
+    tied = torch.tensor([[1.0, 3.0, 3.0, -2.0]])
+    close(process_logits(tied, SamplingParams(temperature=0)), [0, 1, 0, 0])
+
+
+def test_top_k():
+    close(process_logits(LOGITS, SamplingParams(top_k=2)), renorm([0, 0, 0.30, 0, 0.40]))
+    close(process_logits(LOGITS, SamplingParams(top_k=3)), renorm([0, 0.15, 0.30, 0, 0.40]))
+    close(process_logits(LOGITS, SamplingParams(top_k=5)), PROBS)
+    close(process_logits(LOGITS, SamplingParams(top_k=50)), PROBS)
+    # Tie-inclusive: both tokens equal to the 2nd largest survive.
+    close(process_logits(torch.tensor([[2.0, 1.0, 1.0, 0.0]]), SamplingParams(top_k=2)),
+          renorm([math.e ** 2, math.e, math.e, 0]))
+
+
+def test_top_p():
+    # Sorted: 0.40, 0.30, 0.15, 0.10, 0.05. Keep while the mass before a token is < top_p.
+    close(process_logits(LOGITS, SamplingParams(top_p=0.35)), [0, 0, 0, 0, 1])
+    close(process_logits(LOGITS, SamplingParams(top_p=0.5)), renorm([0, 0, 0.30, 0, 0.40]))
+    close(process_logits(LOGITS, SamplingParams(top_p=0.8)), renorm([0, 0.15, 0.30, 0, 0.40]))
+    close(process_logits(LOGITS, SamplingParams(top_p=0.9)), renorm([0, 0.15, 0.30, 0.10, 0.40]))
+
+
+def test_min_p():
+    # Threshold = min_p · 0.40.
+    close(process_logits(LOGITS, SamplingParams(min_p=0.3)), renorm([0, 0.15, 0.30, 0, 0.40]))  # 0.12
+    close(process_logits(LOGITS, SamplingParams(min_p=0.2)), renorm([0, 0.15, 0.30, 0.10, 0.40]))  # 0.08
+    close(process_logits(LOGITS, SamplingParams(min_p=1.0)), [0, 0, 0, 0, 1])
+
+
+def test_filters_compose_in_order():
+    # temperature 0.5 → ∝ p²: .0025 .0225 .09 .01 .16 (sum .285); top_k=4 drops .0025;
+    # renormalised over .2825: .0796 .3186 .0354 .5664; top_p=0.85 keeps .5664, .3186 (mass before
+    # the next is .885); min_p=0.6 then drops .3186 < .6·.5664.
+    p = SamplingParams(temperature=0.5, top_k=4, top_p=0.85)
+    close(process_logits(LOGITS, p), renorm([0, 0, 0.09, 0, 0.16]))
+    close(process_logits(LOGITS, SamplingParams(temperature=0.5, top_k=4, top_p=0.85, min_p=0.6)), [0, 0, 0, 0, 1])
+
+
+def test_per_row_params_and_masked_logits():
+    logits = torch.cat([LOGITS, LOGITS, torch.tensor([[0.0, float("-inf"), 1.0, float("-inf"), 0.0]])])
+    params = [SamplingParams(temperature=0), SamplingParams(top_k=2), SamplingParams(top_p=0.6)]
+    out = process_logits(logits, params)
+    close(out[0], [0, 0, 0, 0, 1])
+    close(out[1], renorm([0, 0, 0.30, 0, 0.40]))
+    e = math.e
+    close(out[2], renorm([1, 0, e, 0, 1]))  # e/(e+2) = .576 < .6, so both ties at 1/(e+2) stay
+    assert torch.isfinite(out).all()
+    with pytest.raises(ValueError):
+        process_logits(logits, params[:2])
+
+
+def test_large_logits_and_tiny_temperature_are_safe():
+    logits = torch.tensor([[1e4, -1e4, 9999.0, 0.0]])
+    out = process_logits(logits, SamplingParams(temperature=1e-3, top_p=0.9, min_p=0.1))
+    assert torch.isfinite(out).all()
+    close(out, [1, 0, 0, 0])
+    close(process_logits(logits, SamplingParams(temperature=1e-7)), [1, 0, 0, 0])  # below 1e-5: greedy
+    assert process_logits(logits.half(), SamplingParams()).dtype == torch.float32
+
+
+def test_sample_seed_reproducible_and_distribution():
+    probs = process_logits(LOGITS.repeat(40_000, 1), SamplingParams())
+    a = sample(probs, torch.Generator().manual_seed(7))
+    b = sample(probs, torch.Generator().manual_seed(7))
+    c = sample(probs, torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    freq = torch.bincount(a, minlength=5).float() / len(a)
+    assert (freq - PROBS).abs().max() < 0.01  # 4+ standard deviations (sd ≤ .0025)
+
+
+def test_sample_greedy_rows_and_zero_probabilities():
+    probs = torch.tensor([[0.0, 0.0, 1.0, 0.0], [0.5, 0.0, 0.0, 0.5], [0.3, 0.7, 0.0, 0.0]]).repeat(2000, 1)
+    out = sample(probs, torch.Generator().manual_seed(0)).reshape(2000, 3)
+    assert (out[:, 0] == 2).all()
+    assert set(out[:, 1].tolist()) == {0, 3}
+    assert set(out[:, 2].tolist()) == {0, 1}  # trailing zeros are never reached
+
+
+def test_stop_cut_and_earliest_end_wins():
+    sc = StopChecker(("END", "\n\n"))
+    s = sc.check("hello END world")
+    assert (s.stop_at, s.safe, s.matched) == (6, 6, "END")
+    # Both complete in one chunk: "c" ends first, so plain decoding would have stopped there.
+    s = StopChecker(("abcd", "c")).check("xabcd")
+    assert (s.stop_at, s.matched) == (3, "c")
+    # Same end: the one starting first wins (cuts more).
+    assert StopChecker(("c", "bc")).check("abcx").stop_at == 1
+
+
+def test_stop_partial_match_held_back():
+    sc = StopChecker(("</s>", "STOP"))
+    s = sc.check("text </")
+    assert s.stop_at is None and s.safe == 5  # "</" may become "</s>"
+    assert sc.check("text ST").safe == 5
+    assert sc.check("text S!").safe == 7
+    assert sc.check("").safe == 0
+
+
+def test_stop_across_chunks():
+    sc = StopChecker(("<END>",))
+    text, streamed, checked = "", "", 0
+    for chunk in ["Hi th", "ere <", "E", "ND> trailing"]:
+        text += chunk
+        s = sc.check(text, checked)
+        checked = len(text)
+        streamed = text[:s.safe]
+        if s.stop_at is not None:
+            break
+        assert "<" not in streamed  # the partial "<", "<E" was held back
+    assert s.stop_at == len("Hi there ") and streamed == "Hi there " and s.matched == "<END>"
