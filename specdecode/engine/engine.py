@@ -19,6 +19,7 @@ from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .kv_cache import KVCache
 from .model_runner import ModelRunner
+from .prefix_cache import PrefixCache
 from .sequence import Sequence
 from .spec_step import speculative_step
 
@@ -70,6 +71,7 @@ class Engine:
         self.kv = KVCache(mc.num_layers, cfg.max_num_seqs, slot_len, mc.num_kv_heads, mc.head_dim,
                           self.dtype, self.device)
         self.runner = ModelRunner(model, self.kv)
+        self.prefix_cache: PrefixCache | None = PrefixCache(self.kv)  # None disables prefix caching
         self.timer = Timer(self.device)
         self.costs = CostModel()
         self.proposer = make_proposer(cfg.spec, self, draft)
@@ -89,7 +91,7 @@ class Engine:
             gen = torch.Generator(device="cpu")
             gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         seq = Sequence(list(prompt_ids), params, StreamingDetokenizer(self.tokenizer),
-                       frozenset(self.tokenizer.eos_ids), generator=gen)
+                       frozenset(self.tokenizer.eos_ids), generator=gen, max_len=self.max_model_len)
         seq.stats.type = self.cfg.spec.spec_type
         seq.spec_state["accept"] = AcceptanceEstimate()
         self.waiting.append(seq)
@@ -110,7 +112,10 @@ class Engine:
         for every fully prefilled sequence. Returns the visible text each advanced sequence gained."""
         while self.waiting and self.kv.free_slots:
             seq = self.waiting.popleft()
-            seq.slot = self.kv.allocate()
+            if self.prefix_cache is not None:
+                seq.slot, seq.num_prefilled = self.prefix_cache.allocate(seq.prompt_ids)
+            else:
+                seq.slot = self.kv.allocate()
             self.running.append(seq)
         for seq in self.running:
             if seq.num_prefilled < len(seq.prompt_ids) - 1:
@@ -160,6 +165,8 @@ class Engine:
         if not self.kv.free_slots:
             return
         slot = self.kv.allocate()
+        if self.prefix_cache is not None:
+            self.prefix_cache.invalidate(slot)  # overwritten below
         try:
             self.runner.forward([slot], [[0] * 32], logits=False)
             self.kv.set_length(slot, 32)
@@ -177,5 +184,7 @@ class Engine:
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
             self.proposer.release(seq)
+            if self.prefix_cache is not None:
+                self.prefix_cache.release(seq.slot, seq.tokens)
             self.kv.free(seq.slot)
             seq.slot = -1

@@ -33,6 +33,7 @@ class Sequence:
     stats: SpecStats = field(default_factory=SpecStats)
     spec_state: dict = field(default_factory=dict)  # per-proposer / controller state
     num_prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
+    max_len: int = 1 << 62  # context length: the sequence stops ("length") when it reaches it
     t_arrival: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None
     t_prefill_done: float | None = None
@@ -71,7 +72,7 @@ class Sequence:
                 self.finish_reason = "stop"
             else:
                 delta += self.detok.add(t)
-            if not self.finished and len(self.output_ids) >= p.max_tokens:
+            if not self.finished and (len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_len):
                 self.finish_reason = "length"
             if self.finished:
                 delta += self.detok.flush()

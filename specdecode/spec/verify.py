@@ -118,9 +118,10 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
         cur = torch.where(hit, i, cur)
 
     p = torch.where(has_res[:, None], p_res, target_probs[rows, cur + 1].float())  # [B, V]
-    j = deferred.clamp_min(0)
-    q = _q_row(j, tokens, draft_probs, deterministic, v)
-    p = torch.where((deferred >= 0)[:, None], _residual(p, q), p)
+    if n:  # with no draft nodes nothing can have been rejected (and there is no node row to gather)
+        j = deferred.clamp_min(0)
+        q = _q_row(j, tokens, draft_probs, deterministic, v)
+        p = torch.where((deferred >= 0)[:, None], _residual(p, q), p)
     return cur, sample(p, generator), accepted
 
 

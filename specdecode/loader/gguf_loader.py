@@ -1,0 +1,300 @@
+"""GGUF checkpoints (llama.cpp): the config from the file's own metadata, and its tensors under Hugging
+Face names, dequantized one at a time (peak memory = the model + one tensor). The header is parsed here,
+not by ``gguf.GGUFReader``, which spends ~7 s on a 150k-token vocabulary; tensor data is memory-mapped
+and dequantized by ``gguf.quants``. A quantized runtime reuses ``GGUFFile.raw``, ``hf_name``,
+``permuted_heads`` and ``unpermute_rows`` to keep weights in block form."""
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import gguf.quants
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
+
+from ..errors import ModelFileError, UnsupportedModelError
+from ..layers.rotary import rope_inv_freq
+from ..models import build_model
+from ..models.config import ModelConfig, RopeScaling
+
+SUPPORTED_TYPES = frozenset(QType[n] for n in (
+    "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
+ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # GGUF names; llama.cpp usually stores Mistral as "llama"
+_PERMUTED_ARCHS = ("llama", "mistral")  # converted by llama.cpp's LlamaModel, which permutes q/k rows
+_NUMERIC = {k: np.dtype(v) for k, v in {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4",
+                                         7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}.items()}
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    name: str  # llama.cpp name, e.g. "blk.0.attn_q.weight"
+    qtype: QType
+    shape: tuple[int, ...]  # torch order, rows first: [out, in] for a matrix (GGUF's ne order reversed)
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+    row_bytes: int  # bytes per row: the last dim is contiguous and holds the quantization blocks
+
+
+class _Reader:
+    """Bounds-checked little-endian cursor over the header bytes."""
+
+    def __init__(self, buf, path: Path, pos: int):
+        self.buf, self.pos, self.path = buf, pos, path
+
+    def skip(self, n: int) -> int:  # -> where the n bytes start
+        if self.pos + n > len(self.buf):
+            raise ModelFileError(f"{self.path}: truncated or corrupt GGUF header")
+        self.pos += n
+        return self.pos - n
+
+    def uint(self, s: struct.Struct = _U64) -> int:
+        return s.unpack_from(self.buf, self.skip(s.size))[0]
+
+    def string(self) -> str:
+        n = self.uint()
+        start = self.skip(n)
+        return self.buf[start:start + n].decode("utf-8", errors="surrogateescape")
+
+    def value(self, vtype: int):
+        if vtype in _NUMERIC:
+            dt = _NUMERIC[vtype]
+            v = np.frombuffer(self.buf, dt, 1, self.skip(dt.itemsize))[0].item()
+            return float(str(np.float32(v))) if vtype == 6 else v  # 1e-05, not 9.99999974738e-06
+        if vtype == 8:
+            return self.string()
+        if vtype != 9:  # array
+            raise ModelFileError(f"{self.path}: corrupt GGUF header (value type {vtype})")
+        etype, count = self.uint(_U32), self.uint()
+        if etype in _NUMERIC:  # numeric arrays (token scores, types) stay numpy, read in one go
+            dt = _NUMERIC[etype]
+            return np.frombuffer(self.buf, dt, count, self.skip(count * dt.itemsize)).copy()
+        return [self.value(etype) for _ in range(count)]
+
+
+class GGUFFile:
+    """A parsed GGUF file: ``metadata`` {key: value}, ``tensors`` {llama.cpp name: GGUFTensorInfo}, the
+    data memory-mapped (copy-on-write, so torch can wrap it without a copy or a read-only warning)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelFileError(f"{self.path}: no such GGUF file")
+        if (size := self.path.stat().st_size) < 24:
+            raise ModelFileError(f"{self.path}: not a GGUF file (only {size} bytes)")
+        try:
+            with open(self.path, "rb") as f:
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        except OSError as e:
+            raise ModelFileError(f"{self.path}: cannot read ({e.strerror or e})") from None
+        if self._mm[:4] != b"GGUF":
+            raise ModelFileError(f"{self.path}: not a GGUF file (bad magic)")
+        r = _Reader(self._mm, self.path, pos=4)
+        if (version := r.uint(_U32)) not in (2, 3):
+            raise ModelFileError(f"{self.path}: unsupported GGUF version {version} (need 2 or 3)")
+        n_tensors, n_kv = r.uint(), r.uint()  # corrupt counts end in a bounds error below
+        self.metadata = {r.string(): r.value(r.uint(_U32)) for _ in range(n_kv)}  # key is read first
+        infos = []  # (name, shape, type id, offset from the data start)
+        for _ in range(n_tensors):
+            name, ndim = r.string(), r.uint(_U32)
+            if ndim > 8:
+                raise ModelFileError(f"{self.path}: corrupt GGUF header ({ndim} dims for {name})")
+            infos.append((name, tuple(reversed([r.uint() for _ in range(ndim)])), r.uint(_U32), r.uint()))
+        align = int(self.metadata.get("general.alignment", 32))
+        self.data_start = (r.pos + align - 1) // align * align
+        self.tensors = {n: self._info(n, shape, t, off) for n, shape, t, off in infos}
+        need = max((i.offset + i.nbytes for i in self.tensors.values()), default=self.data_start)
+        if need > size:
+            raise ModelFileError(f"{self.path}: truncated: tensor data needs {need} bytes, file has {size}")
+
+    def _info(self, name: str, shape: tuple[int, ...], type_id: int, off: int) -> GGUFTensorInfo:
+        try:
+            qtype = QType(type_id)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise UnsupportedModelError(f"{self.path}: unknown GGUF tensor type id {type_id} (tensor {name})") from None
+        if not shape or shape[-1] % block:
+            raise ModelFileError(f"{self.path}: corrupt GGUF header (shape {list(shape)} of {name})")
+        row_bytes = shape[-1] // block * type_size
+        return GGUFTensorInfo(name, qtype, shape, self.data_start + off, math.prod(shape[:-1]) * row_bytes, row_bytes)
+
+    def raw(self, info: GGUFTensorInfo) -> np.ndarray:
+        """The stored bytes as uint8 [rows, row_bytes] (rows = prod(shape[:-1])), a view on the file."""
+        return np.frombuffer(self._mm, np.uint8, info.nbytes, info.offset).reshape(-1, info.row_bytes)
+
+
+Source = str | os.PathLike | GGUFFile  # a path, or a file already parsed (read_gguf_config + tensors)
+
+
+def _open(source: Source) -> GGUFFile:
+    return source if isinstance(source, GGUFFile) else GGUFFile(source)
+
+
+def gguf_tensor_infos(source: Source) -> Iterator[tuple[GGUFTensorInfo, np.ndarray]]:
+    """Raw access for quantized execution: (info, uint8 [rows, row_bytes] view) per tensor, file order."""
+    f = _open(source)
+    return ((info, f.raw(info)) for info in f.tensors.values())
+
+
+# -- names and the q/k row permutation --------------------------------------------------------------
+_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+                "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+                "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """'blk.3.ffn_up.weight' -> 'model.layers.3.mlp.up_proj.weight'; None without HF counterpart."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    return None
+
+
+def permuted_heads(cfg: ModelConfig, gguf_name: str) -> int | None:
+    """The head count llama.cpp's converter permuted this tensor's rows with (q: heads, k: kv heads)."""
+    if cfg.arch not in _PERMUTED_ARCHS or not gguf_name.startswith("blk."):
+        return None
+    return {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(gguf_name.split(".")[-2])
+
+
+def unpermute_rows(x, n_head: int):
+    """Undoes convert_hf_to_gguf's ``LlamaModel.permute``, which interleaves each head's two halves
+    (HF rotate_half pairs rows i and i + d/2) as rows (0, d/2, 1, d/2 + 1, ...) for llama.cpp's RoPE.
+    x: [rows, ...] numpy or torch (floats, or quantized bytes [rows, row_bytes]); returns a copy."""
+    rows = x.shape[0]
+    return x.reshape(n_head, rows // n_head // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+# -- config -------------------------------------------------------------------------------------------
+def _llama3_scaling(f: GGUFFile, theta: float, head_dim: int) -> RopeScaling:
+    """llama.cpp stores Llama-3.1 RoPE scaling only as ``rope_freqs.weight`` [head_dim/2], per-frequency
+    divisors: 1/div = s + (1 - s)/factor with s = clamp(a*f + b, 0, 1) linear in the frequency f.
+    We recover factor, a and b; any (original context, low, high) with those a, b gives the same RoPE."""
+    info = f.tensors["rope_freqs.weight"]
+    div = dequantize_tensor(info, f.raw(info), torch.float64).flatten()
+    freq, _ = rope_inv_freq(theta, head_dim, RopeScaling())  # [head_dim/2]
+    factor, eps = float(div.max()), 1e-4
+    if factor <= 1 + eps or float(div.min()) >= factor - eps:
+        return RopeScaling(kind="linear", factor=factor) if factor > 1 + eps else RopeScaling()
+    s = (1 / div - 1 / factor) / (1 - 1 / factor)  # 1: unscaled, 0: divided by factor
+    mid = (s > eps) & (s < 1 - eps)
+    if int(mid.sum()) < 2:  # a bare step leaves the band underdetermined (no released model has one)
+        raise UnsupportedModelError(f"{f.path}: rope_freqs.weight has too few blended frequencies")
+    a, b = np.polyfit(freq[mid].numpy(), s[mid].numpy(), 1)
+    # s = (orig * f / 2pi - low) / span with span = high - low: a = orig / (2pi span), b = -low / span.
+    # Choose orig so that low comes out near 1 (the Llama 3.x value), rounded to an integer context.
+    orig = round(-2 * math.pi * a / b) if b < 0 else 0
+    span = orig / (2 * math.pi * a)
+    rs = RopeScaling(kind="llama3", factor=factor, original_max_position_embeddings=orig,
+                     low_freq_factor=-b * span, high_freq_factor=-b * span + span)
+    if orig < 1 or not torch.allclose(rope_inv_freq(theta, head_dim, rs)[0] * div, freq, rtol=1e-4):
+        raise UnsupportedModelError(f"{f.path}: rope_freqs.weight is not a Llama-3 RoPE scaling")
+    return rs
+
+
+def _rope_scaling(f: GGUFFile, arch: str, theta: float, head_dim: int) -> RopeScaling:
+    pre = f"{arch}.rope.scaling."
+    m = {k.removeprefix(pre): v for k, v in f.metadata.items() if k.startswith(pre)}
+    kind, factor = m.get("type", "none"), float(m.get("factor", 1.0))
+    if kind == "yarn":
+        return RopeScaling(kind="yarn", factor=factor, attention_factor=m.get("yarn_attn_factor"),
+                           original_max_position_embeddings=int(m.get("original_context_length", 0)),
+                           beta_fast=m.get("yarn_beta_fast", 32.0), beta_slow=m.get("yarn_beta_slow", 1.0))
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=factor)
+    if kind != "none":
+        raise UnsupportedModelError(f"{f.path}: unsupported RoPE scaling {kind!r} (supported: none, linear, yarn)")
+    return _llama3_scaling(f, theta, head_dim) if "rope_freqs.weight" in f.tensors else RopeScaling()
+
+
+def read_gguf_config(source: Source) -> ModelConfig:
+    f = _open(source)
+    m = f.metadata
+    if (arch := m.get("general.architecture")) not in ARCHS:
+        raise UnsupportedModelError(f"{f.path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+
+    def get(key: str, default=None):
+        if (v := m.get(f"{arch}.{key}", default)) is None:
+            raise ModelFileError(f"{f.path}: GGUF metadata lacks {arch}.{key}")
+        return v
+
+    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    theta = float(get("rope.freq_base", 10000.0))
+    nextn = int(get("nextn_predict_layers", 0))
+    vocab = get("vocab_size", 0) or len(m.get("tokenizer.ggml.tokens", ())) or \
+        max((i.shape[0] for n, i in f.tensors.items() if n == "token_embd.weight"), default=0)
+    return ModelConfig(
+        arch=arch, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")) - nextn,  # llama.cpp counts MTP (nextn) blocks in block_count
+        num_heads=heads, num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)), rope_theta=theta,
+        rope_scaling=_rope_scaling(f, arch, theta, head_dim), max_position_embeddings=int(get("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in f.tensors, attention_bias="blk.0.attn_q.bias" in f.tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in f.tensors, num_nextn_layers=nextn)
+
+
+# -- tensors ------------------------------------------------------------------------------------------
+_CHUNK_BLOCKS = 1024  # per call: ~1 MB of float32, cache-resident (gguf's own 16-row groups: 6x slower)
+
+
+def dequantize_tensor(info: GGUFTensorInfo, raw: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """raw uint8 [rows, row_bytes] -> tensor of info.shape in dtype."""
+    if info.qtype not in SUPPORTED_TYPES:
+        raise UnsupportedModelError(f"unsupported GGUF tensor type {info.qtype.name} (tensor {info.name})")
+    if info.qtype in (QType.F32, QType.F16):
+        out = torch.from_numpy(raw.view(np.float32 if info.qtype == QType.F32 else np.float16)).to(dtype)
+    elif info.qtype == QType.BF16:
+        out = torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16).to(dtype)
+    else:
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        blocks = raw.reshape(-1, type_size)  # [n_blocks, type_size]; blocks run along the last dim
+        out32 = np.empty((blocks.shape[0], block), np.float32)
+        kernel = getattr(gguf.quants, info.qtype.name).dequantize_blocks  # uint8 blocks -> float32
+        # numpy only inside the loop: a torch op per 1 MB chunk wakes torch's thread pool each time,
+        # which costs more CPU than the dequantization itself on a busy machine.
+        for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+            out32[i:i + _CHUNK_BLOCKS] = kernel(blocks[i:i + _CHUNK_BLOCKS])
+        out = torch.from_numpy(out32).to(dtype)
+    return out.reshape(info.shape)
+
+
+def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32,
+                      cfg: ModelConfig | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor [out, in] in dtype) one at a time, q/k rows un-permuted for llama. Tensor types
+    are checked on the call, before the caller has allocated or loaded anything."""
+    f = _open(source)
+    cfg = cfg or read_gguf_config(f)
+    for info in f.tensors.values():
+        if hf_name(info.name) and info.qtype not in SUPPORTED_TYPES:
+            raise UnsupportedModelError(f"{f.path}: unsupported GGUF tensor type {info.qtype.name} "
+                                        f"(tensor {info.name})")
+
+    def tensors():
+        for info in f.tensors.values():
+            if (name := hf_name(info.name)) is not None:
+                t = dequantize_tensor(info, f.raw(info), dtype)
+                heads = permuted_heads(cfg, info.name)
+                yield name, (unpermute_rows(t, heads) if heads else t)
+    return tensors()
+
+
+def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """A LlamaModel with the weights of a GGUF file, dequantized to dtype."""
+    f = _open(source)
+    cfg = read_gguf_config(f)
+    weights = iter_gguf_tensors(f, dtype, cfg)
+    model = build_model(cfg, dtype, device)
+    model.load_weights(weights)
+    return model
