@@ -1,5 +1,5 @@
-"""The ``specdecode`` command line: generate, bench, pull, models (serve and train-head come with
-their issues). Flags mirror llama.cpp's names; defaults come from config.py and sampling_params.py."""
+"""The ``specdecode`` command line: generate, bench, serve, bench-serve, pull, models (train-head
+comes with its issue). Flags mirror llama.cpp's names; defaults come from config.py and sampling_params.py."""
 from __future__ import annotations
 
 import argparse
@@ -126,8 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list known and cached models")
     m.set_defaults(func=cmd_models)
     from .bench.cli import add_bench_parser
+    from .bench.serve import add_bench_serve_parser
+    from .server.cli import add_serve_parser
 
     add_bench_parser(sub, add_model_args, add_spec_args)
+    add_serve_parser(sub, add_model_args, add_spec_args)
+    add_bench_serve_parser(sub, add_model_args, add_spec_args)
     return ap
 
 

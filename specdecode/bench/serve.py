@@ -1,0 +1,251 @@
+"""``specdecode bench-serve``: load test of the HTTP server at several concurrencies.
+
+Drives a running server (``--url``) or, per configuration of ``--spec-types``, starts one in this
+process on 127.0.0.1 (target weights loaded once and shared). Each concurrency level sends the
+prompt set as streamed chat requests, ``c`` at a time, and reports request throughput, output tok/s,
+time to first token, inter-token latency (the gap between streamed chunks: with speculation one
+chunk can carry several tokens) and time per output token, p50 / p99, and τ from the servers'
+per-request ``spec`` figures. Client and in-process server share the CPU and the GIL; for figures
+that matter run the server separately and pass --url."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import replace
+
+from ..errors import SpecDecodeError
+from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
+
+
+def add_bench_serve_parser(sub, add_model_args, add_spec_args) -> None:
+    b = sub.add_parser("bench-serve", help="throughput and latency of the server at concurrency 1, 2, 4, 8")
+    add_model_args(b)
+    add_spec_args(b)
+    b.add_argument("--url", help="benchmark this running server (default: start one per --spec-types entry)")
+    b.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"))
+    b.add_argument("--label", help="configuration name for --url results (default: the served model name)")
+    b.add_argument("--spec-types", default="none,ngram", help="in-process configurations, compared with the first")
+    b.add_argument("--concurrency", default="1,2,4,8")
+    b.add_argument("--requests", type=int, default=16, help="requests per level (at least 2x the concurrency)")
+    b.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL: Spec-Bench format or {'prompt': ...}")
+    b.add_argument("--category", action="append")
+    b.add_argument("--limit", type=int, default=None, help="first N prompts of each category")
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--temperature", type=float, default=0.0)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--max-num-seqs", type=int, default=None, help="in-process slots (default: the top concurrency)")
+    b.add_argument("--no-prefix-cache", action="store_true")
+    b.add_argument("--json-out")
+    b.add_argument("--plot")
+    b.set_defaults(func=cmd_bench_serve)
+
+
+# -- one level --------------------------------------------------------------------------------------
+async def _request(client, url: str, payload: dict) -> dict:
+    t0 = time.perf_counter()
+    chunks, use, spec = [], None, None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=payload) as r:
+        if r.status_code != 200:
+            raise SpecDecodeError(f"server answered {r.status_code}: {(await r.aread()).decode()[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            obj = json.loads(line[6:])
+            if "error" in obj:
+                raise SpecDecodeError(f"server error: {obj['error'].get('message')}")
+            if obj.get("usage"):
+                use, spec = obj["usage"], obj.get("spec")
+            if any(c.get("delta", {}).get("content") for c in obj["choices"]):
+                chunks.append(time.perf_counter())
+    end = time.perf_counter()
+    return {"ttft_s": (chunks[0] - t0) if chunks else end - t0, "e2e_s": end - t0,
+            "itl_s": [b - a for a, b in zip(chunks, chunks[1:])],
+            "prompt_tokens": use["prompt_tokens"] if use else 0,
+            "completion_tokens": use["completion_tokens"] if use else 0, "spec": spec or {}}
+
+
+async def run_level(url: str, model: str, prompts: list[Prompt], concurrency: int, n: int, params: dict,
+                    api_key: str | None = None) -> tuple[list[dict], float]:
+    """``n`` requests (prompts in turn), ``concurrency`` in flight; returns (records, wall seconds)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    todo = iter(range(n))
+    records: list[dict] = []
+
+    async def client_loop(client):
+        for i in todo:
+            payload = {"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)].text}],
+                       "stream": True, "stream_options": {"include_usage": True}, **params}
+            records.append({"prompt": prompts[i % len(prompts)].id, **await _request(client, url, payload)})
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=None, headers=headers, limits=limits) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        return records, time.perf_counter() - t0
+
+
+def _pct(xs: list[float], q: float) -> float:
+    import numpy as np
+
+    return float(np.percentile(xs, q)) if xs else 0.0
+
+
+def summarize_level(records: list[dict], wall: float) -> dict:
+    out_tok = sum(r["completion_tokens"] for r in records)
+    itl = [x for r in records for x in r["itl_s"]]
+    tpot = [(r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in records if r["completion_tokens"] > 1]
+    steps = sum(r["spec"].get("steps", 0) for r in records)
+    acc = sum(r["spec"].get("accepted_tokens", 0) for r in records)
+    drafted = sum(r["spec"].get("draft_tokens", 0) for r in records)
+    ttft = [r["ttft_s"] for r in records]
+
+    def ms(xs, q):
+        return round(1000 * _pct(xs, q), 2)
+
+    return {"requests": len(records), "duration_s": round(wall, 3),
+            "request_throughput": round(len(records) / wall, 3), "output_tokens_per_s": round(out_tok / wall, 2),
+            "ttft_p50_ms": ms(ttft, 50), "ttft_p99_ms": ms(ttft, 99), "itl_p50_ms": ms(itl, 50),
+            "itl_p99_ms": ms(itl, 99), "tpot_p50_ms": ms(tpot, 50), "tpot_p99_ms": ms(tpot, 99),
+            "tau": round(1 + acc / steps, 3) if steps else 1.0,
+            "acceptance_rate": round(acc / drafted, 3) if drafted else 0.0}
+
+
+async def bench_url(url: str, model: str, prompts: list[Prompt], levels: list[int], n: int, params: dict,
+                    api_key: str | None = None, progress: bool = False) -> tuple[dict, list[dict]]:
+    """{concurrency: summary} and the per-request records, after one short warm-up request."""
+    await run_level(url, model, prompts, 1, 1, {**params, "max_tokens": 8}, api_key)
+    summary, records = {}, []
+    for c in levels:
+        recs, wall = await run_level(url, model, prompts, c, max(n, 2 * c), params, api_key)
+        summary[c] = summarize_level(recs, wall)
+        records += [{"concurrency": c, **{k: v for k, v in r.items() if k != "itl_s"}} for r in recs]
+        if progress:
+            print(f"  concurrency {c}: {summary[c]['output_tokens_per_s']} tok/s", file=sys.stderr)
+    return summary, records
+
+
+def bench_engines(engines, prompts, levels, n, params, progress=False) -> tuple[dict, list[dict]]:
+    """``engines``: (label, factory) pairs; each factory builds an Engine, served while it is measured."""
+    from ..server.app import create_app
+    from ..server.background import BackgroundServer
+
+    results, records = {}, []
+    for label, factory in engines:
+        engine = factory()
+        with BackgroundServer(create_app(engine, ["bench"])) as srv:
+            if progress:
+                print(f"{label}:", file=sys.stderr)
+            results[label], recs = asyncio.run(bench_url(srv.url, "bench", prompts, levels, n, params,
+                                                         progress=progress))
+        records += [{"config": label, **r} for r in recs]
+        del engine  # its KV cache goes before the next configuration allocates one
+    return results, records
+
+
+# -- report -----------------------------------------------------------------------------------------
+def format_table(results: dict) -> str:
+    base = next(iter(results.values()))
+    lines = [f"{'config':20s} {'conc':>4s} {'req/s':>7s} {'tok/s':>8s} {'ttft50':>8s} {'ttft99':>8s} "
+             f"{'itl50':>7s} {'itl99':>7s} {'tpot50':>7s} {'tau':>5s} {'vs first':>8s}"]
+    for label, by_c in results.items():
+        for c, f in by_c.items():
+            ref = base.get(c, {}).get("output_tokens_per_s")
+            rel = f"{f['output_tokens_per_s'] / ref:.2f}x" if ref else "-"
+            lines.append(f"{label:20s} {c:4d} {f['request_throughput']:7.2f} {f['output_tokens_per_s']:8.1f} "
+                         f"{f['ttft_p50_ms']:8.1f} {f['ttft_p99_ms']:8.1f} {f['itl_p50_ms']:7.1f} "
+                         f"{f['itl_p99_ms']:7.1f} {f['tpot_p50_ms']:7.1f} {f['tau']:5.2f} {rel:>8s}")
+    return "\n".join(lines) + "\n(latencies in ms; 'vs first': output tok/s against the first configuration)"
+
+
+def plot(path: str, results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for i, (label, by_c) in enumerate(results.items()):
+        cs, color = list(by_c), f"C{i}"
+        ax1.plot(cs, [by_c[c]["output_tokens_per_s"] for c in cs], marker="o", color=color, label=label)
+        ax2.plot(cs, [by_c[c]["tpot_p50_ms"] for c in cs], marker="o", color=color, label=f"{label} TPOT p50")
+        ax2.plot(cs, [by_c[c]["ttft_p50_ms"] for c in cs], marker="x", ls="--", color=color,
+                 label=f"{label} TTFT p50")
+    levels = sorted({c for by_c in results.values() for c in by_c})
+    for ax, ylabel in ((ax1, "output tokens/s (all requests)"), (ax2, "latency (ms)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(ylabel)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def cmd_bench_serve(a: argparse.Namespace) -> int:
+    from ..cli import engine_config, spec_config
+
+    try:
+        levels = [int(c) for c in a.concurrency.split(",") if c.strip()]
+    except ValueError:
+        raise SpecDecodeError(f"--concurrency takes comma-separated integers, got {a.concurrency!r}") from None
+    if not levels or min(levels) < 1:
+        raise SpecDecodeError("--concurrency levels must be >= 1")
+    prompts = load_prompts(a.prompts, a.category, a.limit)
+    params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "seed": a.seed}
+    progress = sys.stderr.isatty()
+    if a.url:
+        results, records = _bench_running(a, prompts, levels, params, progress)
+    else:
+        cfg = engine_config(a, max_num_seqs=a.max_num_seqs or max(levels))
+        results, records = bench_engines(_engine_factories(a, cfg, spec_config(a)), prompts, levels,
+                                         a.requests, params, progress)
+    print(format_table(results))
+    if a.json_out:
+        meta = {"argv": sys.argv, "url": a.url, "model": a.model, "spec_types": a.spec_types, "levels": levels,
+                "requests_per_level": a.requests, "n_prompts": len(prompts), **params}
+        with open(a.json_out, "w") as f:
+            json.dump({"meta": meta, "results": results, "records": records}, f, indent=1)
+    if a.plot:
+        plot(a.plot, results)
+    return 0
+
+
+def _bench_running(a, prompts, levels, params, progress):
+    import httpx
+
+    url = a.url.rstrip("/")
+    headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+    try:
+        model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).raise_for_status().json()["data"][0]["id"]
+        summary, records = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress))
+    except httpx.HTTPError as e:
+        raise SpecDecodeError(f"{url}: {e}") from None
+    label = a.label or model
+    return {label: summary}, [{"config": label, **r} for r in records]
+
+
+def _engine_factories(a, cfg, base_spec):
+    """Target weights are loaded once; each configuration gets its own engine (KV cache, proposer)."""
+    from ..llm import LLM
+    from .run import config_label
+
+    shared: dict = {}
+
+    def factory(spec):
+        def build():
+            llm = LLM(engine_config=replace(cfg, spec=spec), _model=shared.get("model"), _tokenizer=shared.get("tok"))
+            shared.setdefault("model", llm.engine.model)
+            shared.setdefault("tok", llm.engine.tokenizer)
+            if a.no_prefix_cache:
+                llm.engine.prefix_cache = None
+            return llm.engine
+        return build
+
+    specs = [replace(base_spec, spec_type=t.strip()) for t in a.spec_types.split(",") if t.strip()]
+    return [(config_label(s), factory(s)) for s in specs]

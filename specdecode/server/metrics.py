@@ -1,0 +1,86 @@
+"""Prometheus metrics for /metrics: per-request counters and latency histograms, updated when a
+request ends, and engine state (queue, batch, KV slots, prefix cache) read at scrape time.
+
+Each app has its own registry, so several servers can live in one process (tests, bench-serve).
+τ over all requests is 1 + spec_accepted_tokens_total / spec_steps_total."""
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..engine.sequence import Sequence
+from .worker import EngineWorker
+
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_PER_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class _EngineCollector:
+    def __init__(self, worker: EngineWorker):
+        self.worker = worker
+
+    def collect(self):
+        # Read from another thread without a lock: each figure is one int read, and a scrape that
+        # sees a step half-done is still a valid sample.
+        eng = self.worker.engine
+        yield GaugeMetricFamily("specdecode_num_requests_running", "Requests holding a KV slot",
+                                value=len(eng.running))
+        yield GaugeMetricFamily("specdecode_num_requests_waiting", "Requests queued for a KV slot",
+                                value=len(eng.waiting))
+        yield GaugeMetricFamily("specdecode_kv_slots", "KV-cache slots (max concurrent sequences)",
+                                value=eng.kv.num_slots)
+        yield GaugeMetricFamily("specdecode_kv_slots_free", "KV-cache slots not in use", value=eng.kv.free_slots)
+        yield CounterMetricFamily("specdecode_requests_aborted", "Requests aborted before they finished "
+                                  "(client disconnected, shutdown)", value=self.worker.aborted)
+        yield CounterMetricFamily("specdecode_engine_steps", "Engine steps run", value=self.worker.steps)
+        yield CounterMetricFamily("specdecode_engine_step_seconds", "Time spent in engine steps",
+                                  value=self.worker.step_seconds)
+        pc = eng.prefix_cache
+        yield CounterMetricFamily("specdecode_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                  value=pc.prompt_tokens if pc else 0)
+        yield CounterMetricFamily("specdecode_prefix_cache_hits", "Prompt tokens whose prefill the prefix cache saved",
+                                  value=pc.hit_tokens if pc else 0)
+
+
+class ServerMetrics:
+    def __init__(self, worker: EngineWorker):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("specdecode_requests", "Requests finished, by endpoint and finish reason",
+                                ["endpoint", "finish_reason"], registry=r)
+        self.errors = Counter("specdecode_request_errors", "Requests answered with an error, by status",
+                              ["status"], registry=r)
+        self.prompt_tokens = Counter("specdecode_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("specdecode_generation_tokens", "Tokens generated", registry=r)
+        self.ttft = Histogram("specdecode_time_to_first_token_seconds", "Arrival to first generated token",
+                              buckets=_LATENCY, registry=r)
+        self.tpot = Histogram("specdecode_time_per_output_token_seconds",
+                              "Mean time per generated token after the first, per request", buckets=_PER_TOKEN,
+                              registry=r)
+        self.e2e = Histogram("specdecode_e2e_request_latency_seconds", "Arrival to last token",
+                             buckets=_LATENCY, registry=r)
+        self.spec_steps = Counter("specdecode_spec_steps", "Target verify forwards (one per step per request)",
+                                  registry=r)
+        self.spec_draft_tokens = Counter("specdecode_spec_draft_tokens", "Draft tokens verified", registry=r)
+        self.spec_accepted_tokens = Counter("specdecode_spec_accepted_tokens", "Draft tokens accepted", registry=r)
+        r.register(_EngineCollector(worker))
+
+    def observe(self, endpoint: str, seq: Sequence) -> None:
+        self.requests.labels(endpoint, seq.finish_reason or "abort").inc()
+        self.prompt_tokens.inc(len(seq.prompt_ids))
+        n = len(seq.output_ids)
+        self.generation_tokens.inc(n)
+        if seq.t_first_token is not None:
+            self.ttft.observe(seq.t_first_token - seq.t_arrival)
+            if seq.t_finished is not None:
+                self.e2e.observe(seq.t_finished - seq.t_arrival)
+                if n > 1:
+                    self.tpot.observe((seq.t_finished - seq.t_first_token) / (n - 1))
+        st = seq.stats
+        self.spec_steps.inc(st.steps)
+        self.spec_draft_tokens.inc(st.draft_tokens)
+        self.spec_accepted_tokens.inc(st.accepted_tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

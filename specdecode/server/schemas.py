@@ -1,0 +1,178 @@
+"""OpenAI request bodies (pydantic, strict: a string where a number belongs is a 400, not a guess)
+and the response / stream-chunk objects, field for field as OpenAI sends them.
+
+Fields beyond OpenAI's that vLLM clients send (top_k, min_p, ignore_eos, stop_token_ids) are
+accepted; unknown fields are ignored, as OpenAI does. Features we do not implement (n > 1, log
+probabilities, penalties, echo) are refused with a 400 rather than silently ignored."""
+from __future__ import annotations
+
+import time
+import uuid
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import InvalidRequestError
+from ..sampling_params import SamplingParams
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    # extra keys (name, tool_calls, reasoning_content...) go to the chat template as they came
+    model_config = ConfigDict(strict=True, extra="allow")
+    role: str
+    content: str | list[TextPart] | None = None
+
+
+class BaseRequest(_Strict):
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise InvalidRequestError("only n=1 is supported")
+        if self.presence_penalty or self.frequency_penalty:
+            raise InvalidRequestError("presence_penalty and frequency_penalty are not supported")
+        if self.stream_options is not None and not self.stream:
+            raise InvalidRequestError("stream_options is only allowed when stream is true")
+
+    def sampling_params(self, max_tokens: int) -> SamplingParams:
+        """Unset fields take OpenAI's defaults (temperature 1, top_p 1); SamplingParams validates."""
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0, max_tokens=max_tokens, seed=self.seed, stop=tuple(stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(BaseRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens; wins when both are set
+    logprobs: bool = False
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs:
+            raise InvalidRequestError("logprobs are not supported")
+        if not self.messages:
+            raise InvalidRequestError("messages must not be empty")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def template_messages(self) -> list[dict]:
+        out = []
+        for m in self.messages:
+            d = m.model_dump(exclude_none=True)
+            if isinstance(m.content, list):  # content parts: text only
+                if any(p.type != "text" or p.text is None for p in m.content):
+                    raise InvalidRequestError("only text content parts are supported")
+                d["content"] = "".join(p.text for p in m.content)
+            out.append(d)
+        return out
+
+
+class CompletionRequest(BaseRequest):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.logprobs is not None:
+            raise InvalidRequestError("logprobs are not supported")
+        if self.echo:
+            raise InvalidRequestError("echo is not supported")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def single_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise InvalidRequestError("send one prompt per request (batched prompts are not supported)")
+            return p[0]
+        return p
+
+
+# -- responses ------------------------------------------------------------------------------------
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def error_body(message: str, type_: str = "invalid_request_error", code: str | None = None,
+               param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class ResponseBuilder:
+    """The response and chunk objects of one request, for either endpoint."""
+
+    def __init__(self, chat: bool, model: str):
+        self.chat, self.model = chat, model
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _envelope(self, obj: str, choices: list) -> dict:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": None, "choices": choices}
+
+    def full(self, text: str, finish_reason: str, use: dict, spec: dict) -> dict:
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if self.chat
+                  else {"index": 0, "text": text})
+        choice.update(logprobs=None, finish_reason=finish_reason)
+        return {**self._envelope(self.object, [choice]), "usage": use, "spec": spec}
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, role: bool = False,
+              with_usage: bool = False) -> dict:
+        """One stream chunk. With include_usage every chunk carries usage: null, as OpenAI's do."""
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
+            choice = {"index": 0, "delta": delta}
+        else:
+            choice = {"index": 0, "text": text or ""}
+        choice.update(logprobs=None, finish_reason=finish_reason)
+        out = self._envelope(self.object + ".chunk" if self.chat else self.object, [choice])
+        if with_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, use: dict, spec: dict) -> dict:
+        obj = self.object + ".chunk" if self.chat else self.object
+        return {**self._envelope(obj, []), "usage": use, "spec": spec}

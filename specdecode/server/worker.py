@@ -1,0 +1,157 @@
+"""The engine's own thread: the only code that touches the Engine once the server runs.
+
+Request handlers (on the asyncio loop) never call the engine: they post commands (add, abort) that
+the worker applies between steps, so the engine needs no locks and a handler never blocks the loop
+for the length of a forward pass. Results go back per request through an asyncio.Queue, filled on
+the loop via call_soon_threadsafe, one batch per engine step.
+
+Events a handle receives: ("admitted", None) or ("error", exc) first; then ("delta", text)...;
+then ("done", None). After "done" the worker no longer touches ``handle.seq``."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+
+from ..engine.engine import Engine
+from ..engine.sequence import Sequence
+from ..sampling_params import SamplingParams
+
+log = logging.getLogger("specdecode.server")
+
+
+class RequestHandle:
+    def __init__(self, prompt_ids: list[int], params: SamplingParams):
+        self.prompt_ids, self.params = prompt_ids, params
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.seq: Sequence | None = None  # set by the worker on admission
+
+
+class EngineWorker:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._cv = threading.Condition()
+        self._cmds: list[tuple[str, RequestHandle]] = []
+        self._stopping = False
+        self._active: dict[int, RequestHandle] = {}  # seq_id -> handle (worker thread only)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.steps = 0
+        self.step_seconds = 0.0
+        self.aborted = 0  # requests aborted before they finished (client gone, shutdown)
+        self._abort_at: float | None = None  # shutdown: abort what still runs at this time.monotonic()
+
+    # -- called on the event loop ------------------------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._run, name="specdecode-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
+        handle = RequestHandle(prompt_ids, params)
+        self._post("add", handle)
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        """Frees the request's slot and KV before the next step; a no-op once it finished."""
+        self._post("abort", handle)
+
+    def drain(self, grace: float) -> None:
+        """Shutdown has begun: requests still running after ``grace`` seconds are aborted, so their
+        responses end properly (finish_reason "abort") rather than being cut off."""
+        with self._cv:
+            self._abort_at = time.monotonic() + grace
+            self._cv.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Aborts whatever is still in flight and ends the thread (after the current step)."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _post(self, cmd: str, handle: RequestHandle) -> None:
+        with self._cv:
+            self._cmds.append((cmd, handle))
+            self._cv.notify()
+
+    # -- the worker thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._cmds or self._stopping or self.engine.has_work()):
+                    self._cv.wait()
+                cmds, self._cmds = self._cmds, []
+                stopping = self._stopping
+            out: list[tuple[RequestHandle, tuple]] = []
+            for cmd, handle in cmds:
+                self._apply(cmd, handle, out)
+            if stopping or (self._abort_at is not None and time.monotonic() >= self._abort_at):
+                for handle in list(self._active.values()):
+                    self._apply("abort", handle, out)
+            if stopping:
+                self._deliver(out)
+                return
+            if self.engine.has_work():
+                self._step(out)
+            self._deliver(out)
+
+    def _apply(self, cmd: str, handle: RequestHandle, out: list) -> None:
+        if cmd == "add":
+            try:
+                handle.seq = self.engine.add_request(handle.prompt_ids, handle.params)
+            except Exception as e:  # a SpecDecodeError becomes a 400 in the handler
+                out.append((handle, ("error", e)))
+                return
+            self._active[handle.seq.seq_id] = handle
+            out.append((handle, ("admitted", None)))
+        elif handle.seq is not None and handle.seq.seq_id in self._active:
+            self.engine.abort(handle.seq)
+            self.aborted += 1
+            del self._active[handle.seq.seq_id]
+            out.append((handle, ("done", None)))
+
+    def _step(self, out: list) -> None:
+        t0 = time.perf_counter()
+        try:
+            results = self.engine.step()
+        except Exception as e:
+            # A bug or a device error: fail the requests in flight, keep serving the next ones. The
+            # prefix cache may describe half-written slots now, so it starts over.
+            log.exception("engine step failed; aborting %d request(s)", len(self._active))
+            for handle in list(self._active.values()):
+                out.append((handle, ("error", e)))
+                self.engine.abort(handle.seq)
+            self._active.clear()
+            if self.engine.prefix_cache is not None:
+                self.engine.prefix_cache.clear()
+            return
+        self.steps += 1
+        self.step_seconds += time.perf_counter() - t0
+        for r in results:
+            handle = self._active.get(r.seq.seq_id)
+            if handle is not None and r.delta:
+                out.append((handle, ("delta", r.delta)))
+        for seq_id, handle in list(self._active.items()):
+            if handle.seq.finished:
+                del self._active[seq_id]
+                out.append((handle, ("done", None)))
+
+    def _deliver(self, out: list) -> None:
+        if not out:
+            return
+        try:
+            self._loop.call_soon_threadsafe(_put_all, out)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+
+def _put_all(out: list) -> None:
+    for handle, event in out:
+        handle.events.put_nowait(event)

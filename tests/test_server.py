@@ -1,0 +1,300 @@
+"""The OpenAI-compatible server on tiny random models, driven by the official `openai` client and
+raw httpx: formats, errors, auth, disconnects, a bounded load test, shutdown, and bench-serve.
+All traffic goes to 127.0.0.1; every request is bounded in tokens and time."""
+import json
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import httpx
+import openai
+import pytest
+import torch
+
+from specdecode.bench.prompts import load_prompts
+from specdecode.bench.serve import bench_engines
+from specdecode.cli import main
+from specdecode.server.app import create_app
+from specdecode.server.background import BackgroundServer
+from tiny_models import CharTokenizer, tiny_llm
+
+KEY, MODEL = "test-key", "tiny"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls on a loaded 2-core machine: a second thread makes them 100x slower
+    yield
+    torch.set_num_threads(n)
+
+
+class ChatCharTokenizer(CharTokenizer):
+    """CharTokenizer with a trivial chat template; characters outside its table map to valid ids."""
+
+    def encode(self, text, add_special_tokens=True):
+        return [min(max(ord(c) - 0x21, 0), self.vocab_size - 1) for c in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, **kw):
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<a>" if add_generation_prompt else "")
+
+
+def tiny_engine(spec_type="draft", **kw):
+    # draft = the target plus noise, always 4 tokens: drafts are accepted part of the time
+    if spec_type == "draft":
+        kw = dict(draft_seed=0, draft_noise=0.5, draft_p_min=0.0, draft_fixed=True, draft_max=4, **kw)
+    llm = tiny_llm(spec_type, max_num_seqs=3, **kw)
+    llm.engine.tokenizer = llm.tokenizer = ChatCharTokenizer(llm.tokenizer.vocab_size)
+    return llm.engine
+
+
+@pytest.fixture(scope="module")
+def server():
+    engine = tiny_engine()
+    with BackgroundServer(create_app(engine, [MODEL, "alias"], api_key=KEY)) as srv:
+        srv.engine, srv.worker = engine, srv.server.config.app.state.worker
+        yield srv
+
+
+def client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{srv.url}/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def chat(srv, content, max_tokens=12, **kw):
+    return client(srv).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": content}],
+                                               max_tokens=max_tokens, temperature=0, **kw)
+
+
+def hi(**kw):
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+def wait_idle(engine, timeout=10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.running or engine.waiting or engine.kv.free_slots != engine.kv.num_slots:
+        assert time.monotonic() < deadline, "requests still hold KV slots"
+        time.sleep(0.01)
+
+
+@contextmanager
+def slow_steps(engine, seconds=0.01):
+    """Long requests stay in flight long enough to be cut off, however fast the machine."""
+    real = engine.step
+
+    engine.step = lambda: time.sleep(seconds) or real()
+    try:
+        yield
+    finally:
+        engine.step = real
+
+
+def test_chat_completion_usage_and_spec(server):
+    r = chat(server, "hello", max_tokens=12)
+    prompt = ChatCharTokenizer(384).encode("<user>hello<a>")
+    assert r.model == MODEL and r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and len(r.choices[0].message.content) == 12
+    assert r.choices[0].finish_reason == "length"  # CharTokenizer has no EOS
+    use = r.usage
+    assert (use.prompt_tokens, use.completion_tokens, use.total_tokens) == (len(prompt), 12, len(prompt) + 12)
+    spec = r.model_extra["spec"]  # the extra field: standard clients keep it, and ignore it
+    assert spec["type"] == "draft" and spec["draft_tokens"] > 0
+    assert spec["mean_acceptance_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["steps"], abs=1e-3)
+    assert chat(server, "hello", max_tokens=12).choices[0].message.content == r.choices[0].message.content
+
+
+def test_chat_streaming_with_usage(server):
+    ref = chat(server, "stream me", max_tokens=15).choices[0].message.content
+    chunks = list(chat(server, "stream me", max_tokens=15, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].model_extra["spec"]["steps"] > 0
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ref
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 15
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_sse_wire_format(server):
+    body = {"model": MODEL, "prompt": "abc", "max_tokens": 6, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=30) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = raw.split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""] and all(e.startswith("data: {") for e in events[:-2])
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert {c["object"] for c in chunks} == {"text_completion"} and len({c["id"] for c in chunks}) == 1
+    assert "usage" not in chunks[0]  # only with stream_options.include_usage
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert len("".join(c["choices"][0]["text"] for c in chunks)) == 6
+
+
+def test_completions(server):
+    c = client(server)
+    text = c.completions.create(model=MODEL, prompt="abcabc", max_tokens=10, temperature=0).choices[0].text
+    ids = ChatCharTokenizer(384).encode("abcabc")
+    assert c.completions.create(model="alias", prompt=ids, max_tokens=10, temperature=0).choices[0].text == text
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=MODEL, prompt="abcabc", max_tokens=10, temperature=0, stream=True))
+    assert streamed == text
+    stopped = c.completions.create(model=MODEL, prompt="abcabc", max_tokens=10, temperature=0, stop=[text[3:5]])
+    assert stopped.choices[0].text == text[:text.index(text[3:5])] and stopped.choices[0].finish_reason == "stop"
+
+
+def test_models_health_metrics(server):
+    assert [m.id for m in client(server).models.list()] == [MODEL, "alias"]
+    assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
+    chat(server, "for the metrics", max_tokens=3)
+    m = httpx.get(f"{server.url}/metrics", headers=AUTH)
+    assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
+    for name in ("specdecode_requests_total{", "specdecode_spec_accepted_tokens_total", "specdecode_kv_slots_free",
+                 "specdecode_time_to_first_token_seconds_bucket", "specdecode_prefix_cache_hits_total"):
+        assert name in m.text
+
+
+def test_api_key(server):
+    for method, path in (("GET", "/v1/models"), ("GET", "/metrics"), ("POST", "/v1/chat/completions")):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            r = httpx.request(method, f"{server.url}{path}", headers=headers, json={})
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+LONG = "x" * 400  # the tiny model's context is 400 tokens
+BAD = [("chat", "{not json"), ("chat", "[1, 2]"), ("chat", '{"model": "tiny"}'), ("chat", hi(messages="hi")),
+       ("chat", hi(temperature="hot")), ("chat", hi(max_tokens="5")), ("chat", hi(model="gpt-4")),
+       ("chat", hi(temperature=-0.5)), ("chat", hi(top_p=0)), ("chat", hi(top_p=1.5)), ("chat", hi(max_tokens=0)),
+       ("chat", hi(n=2)), ("chat", hi(stream_options={})), ("chat", hi(messages=[])),
+       ("chat", hi(messages=[{"role": "user", "content": [{"type": "image_url"}]}])),
+       ("chat", hi(messages=[{"role": "user", "content": LONG}])), ("completions", {"model": MODEL, "prompt": LONG}),
+       ("completions", {"model": MODEL, "prompt": "abc", "max_tokens": 398}),
+       ("completions", {"model": MODEL, "prompt": ""}), ("completions", {"model": MODEL, "prompt": [1, 2, 100000]}),
+       ("completions", {"model": MODEL, "prompt": ["a", "b"]}),
+       ("completions", {"model": MODEL, "prompt": "abc", "min_p": 2})]
+
+
+@pytest.mark.parametrize("endpoint,body", BAD)
+def test_bad_requests_are_400(server, endpoint, body):
+    kw = {"content": body} if isinstance(body, str) else {"json": body}
+    r = httpx.post(f"{server.url}/v1/{'chat/' if endpoint == 'chat' else ''}completions", headers=AUTH, **kw)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["message"] and "\n" not in err["message"]
+
+
+def test_unknown_route_and_method(server):
+    assert httpx.get(f"{server.url}/v2/nothing", headers=AUTH).json()["error"]["code"] == "not_found"
+    assert httpx.get(f"{server.url}/v1/chat/completions", headers=AUTH).status_code == 405
+    assert chat(server, "still serving", max_tokens=2).choices[0].finish_reason == "length"
+
+
+def test_disconnect_frees_slot(server):
+    engine = server.engine
+    ref = chat(server, "bystander", max_tokens=30).choices[0].message.content
+    with ThreadPoolExecutor(1) as pool, slow_steps(engine):
+        bystander = pool.submit(chat, server, "bystander", 30)
+        body = hi(messages=[{"role": "user", "content": "long"}], max_tokens=380, stream=True)
+        with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=30) as r:
+            lines = r.iter_lines()
+            for _ in range(4):
+                next(lines)
+            seq = next(s for s in engine.running if len(s.prompt_ids) == len("<user>long<a>"))
+        wait_idle(engine)  # the aborted stream left, and the bystander finished
+        assert seq.finish_reason == "abort" and len(seq.output_ids) < 380
+        assert bystander.result().choices[0].message.content == ref
+
+
+def test_non_streaming_disconnect_aborts(server):
+    aborted = server.worker.aborted
+    body = hi(messages=[{"role": "user", "content": "long"}], max_tokens=380)
+    with slow_steps(server.engine), pytest.raises(httpx.ReadTimeout):  # the client gives up, closes the connection
+        httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=AUTH, timeout=httpx.Timeout(10, read=0.3))
+    wait_idle(server.engine)
+    assert server.worker.aborted == aborted + 1
+
+
+PROMPTS = [f"q{i}:" + "abcdefgh"[: i % 8] * (1 + 7 * (i % 3)) for i in range(12)]
+
+
+def test_load_outputs_identical_to_alone(server):
+    """16 requests, 4 at a time on 3 slots (so some queue), streamed and not, 4 clients disconnecting:
+    every completed output equals the same request served alone."""
+    alone = {p: chat(server, p, max_tokens=24).choices[0].message.content for p in PROMPTS}
+    aborted = server.worker.aborted
+
+    def one(i):
+        p = PROMPTS[i % len(PROMPTS)]
+        if i % 4 == 3:  # disconnect after the first chunks of a long request
+            with chat(server, p, max_tokens=300, stream=True) as s:
+                it = iter(s)
+                for _ in range(3):
+                    next(it)
+            return None
+        if i % 2:
+            return p, "".join(c.choices[0].delta.content or "" for c in chat(server, p, max_tokens=24, stream=True))
+        return p, chat(server, p, max_tokens=24).choices[0].message.content
+
+    with ThreadPoolExecutor(4) as pool, slow_steps(server.engine, 0.002):
+        results = list(pool.map(one, range(16)))
+    done = [r for r in results if r is not None]
+    assert len(done) == 12
+    for p, text in done:
+        assert text == alone[p], p
+    wait_idle(server.engine)
+    assert server.worker.aborted == aborted + 4
+
+
+def test_step_failure_is_500_and_server_recovers(server):
+    engine, real = server.engine, server.engine.step
+
+    def fail_once():
+        engine.step = real
+        raise RuntimeError("simulated device error")
+
+    engine.step = fail_once  # the worker's next step fails, once
+    r = httpx.post(f"{server.url}/v1/completions", headers=AUTH, timeout=30,
+                   json={"model": MODEL, "prompt": "abc", "max_tokens": 4})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "internal_error"
+    wait_idle(engine)
+    assert chat(server, "after the failure", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_shutdown_finishes_short_requests_and_aborts_long_ones():
+    """As on SIGINT/SIGTERM: no new connections; in-flight requests get the grace period to finish,
+    then are aborted with a proper ending (finish_reason "abort", then [DONE])."""
+    engine = tiny_engine("none")
+    srv = BackgroundServer(create_app(engine, [MODEL]), grace=1.0).start()
+    worker = srv.server.config.app.state.worker
+    url = f"{srv.url}/v1/chat/completions"
+    short, long = (httpx.stream("POST", url, json=hi(max_tokens=n, stream=True, temperature=0), timeout=30)
+                   for n in (20, 380))
+    with slow_steps(engine, 0.02), short as r1, long as r2:
+        lines = [r1.iter_lines(), r2.iter_lines()]
+        for it in lines:
+            next(it)
+        stopper = threading.Thread(target=srv.stop)
+        stopper.start()
+        ends = [[json.loads(x[6:]) for x in it if x.startswith("data: {")][-1]["choices"][0]["finish_reason"]
+                for it in lines]
+        stopper.join(30)
+    assert ends == ["length", "abort"]
+    assert not stopper.is_alive() and not worker.alive and not engine.running
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{srv.url}/health")
+
+
+def test_bench_serve(server, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS[:4]))
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    assert main(["bench-serve", "--url", server.url, "--api-key", KEY, "--prompts", str(prompts), "--concurrency",
+                 "1,2", "--requests", "2", "--max-tokens", "6", "--json-out", str(out), "--plot", str(png)]) == 0
+    data = json.loads(out.read_text())
+    level = data["results"][MODEL]["2"]
+    assert level["requests"] == 4 and level["output_tokens_per_s"] > 0 and level["tau"] >= 1.0
+    assert len(data["records"]) == 2 + 4 and png.stat().st_size > 0
+    results, records = bench_engines([("none", lambda: tiny_engine("none")), ("draft", tiny_engine)],
+                                     load_prompts(prompts), [1, 2], 2, {"max_tokens": 6, "temperature": 0})
+    assert set(results) == {"none", "draft"} and results["draft"][2]["tau"] > 1.0
+    assert {r["completion_tokens"] for r in records} == {6}
