@@ -6,11 +6,13 @@ the GGUF loader undoes that permutation, so every model here uses this one layou
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from ..models.config import RopeScaling
+if TYPE_CHECKING:  # annotation only: importing models/ here would be circular
+    from ..models.config import RopeScaling
 
 
 def _yarn_inv_freq(base: float, dim: int, s: RopeScaling) -> tuple[torch.Tensor, float]:
