@@ -19,6 +19,8 @@ _SAMP = {f.name: f.default for f in fields(SamplingParams)}
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=_ENG["model"], help="known name, GGUF file or HF directory")
     p.add_argument("--dtype", default=_ENG["dtype"], help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--quant", default=_ENG["quant"], choices=("auto", "none", "int8", "int4"),
+                   help="weight format of the linear layers (auto: closest to the GGUF's own bit width)")
     p.add_argument("--device", default=_ENG["device"], help="auto | cpu | cuda")
     p.add_argument("--threads", "-t", type=int, default=_ENG["threads"])
     p.add_argument("--ctx-size", "-c", dest="max_model_len", type=int, default=_ENG["max_model_len"])

@@ -42,7 +42,8 @@ class SpecConfig:
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = DEFAULT_MODEL  # name, GGUF file or HF directory
-    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    dtype: str = "auto"  # activations and float weights; auto = float32 on CPU, bfloat16 on CUDA
+    quant: str = "auto"  # linear-layer weights: none | int8 | int4 | auto (closest to the GGUF's own bits)
     device: str = "auto"  # auto = cuda if available, else cpu
     max_model_len: int = 4096  # per-sequence context cap (also capped by the model's own)
     max_num_seqs: int = 1  # KV-cache slots (concurrent sequences)

@@ -96,7 +96,7 @@ def test_iter_yields_hf_names_and_shapes_and_raw_access(tmp_path):
     hf = hf_model("qwen2", dtype=torch.float32)
     write_gguf(hf, tmp_path / "m.gguf", lambda name: Q.Q8_0)
     shapes = {n: tuple(t.shape) for n, t in hf.state_dict().items()}
-    assert {n: tuple(t.shape) for n, t in iter_gguf_tensors(tmp_path / "m.gguf")} == shapes
+    assert {n: tuple(t.shape) for n, t, _ in iter_gguf_tensors(tmp_path / "m.gguf")} == shapes
     infos = {i.name: (i, raw) for i, raw in gguf_tensor_infos(tmp_path / "m.gguf")}
     info, raw = infos["blk.0.attn_q.weight"]
     assert info.qtype == Q.Q8_0 and info.shape == (64, 64) and raw.shape == (64, 2 * 34) and raw.dtype == np.uint8
@@ -204,7 +204,7 @@ def test_smollm2_gguf_matches_transformers_and_unpermutes_qk():
         num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
         head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
         max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True)).eval()
-    reference_model(hf, dict(iter_gguf_tensors(f))).float()
+    reference_model(hf, {n: t for n, t, _ in iter_gguf_tensors(f)}).float()
     with torch.no_grad():
         ref = hf(ids).logits[0]
     # Both float32 with identical weights; only summation order differs, through 30 layers and 186

@@ -43,7 +43,7 @@ def run_bench(engine_cfg: EngineConfig, specs: list[SpecConfig], prompts: list[P
         if spec.spec_type == "draft":
             if spec.model_draft not in drafts:
                 drafts[spec.model_draft] = load_checkpoint(resolve_model(spec.model_draft), base.engine.dtype,
-                                                           base.engine.device)
+                                                           base.engine.device, base.engine.weight_quant())
             draft = drafts[spec.model_draft]
         llms[label] = LLM(engine_config=replace(engine_cfg, spec=spec), _model=model, _tokenizer=tok, _draft=draft)
     encoded = [base.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]

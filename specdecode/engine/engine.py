@@ -55,7 +55,7 @@ class Engine:
             torch.set_num_threads(cfg.threads)
         self.device, self.dtype = resolve_device_dtype(cfg.device, cfg.dtype)
         if model is None:
-            model, tokenizer = load_checkpoint(resolve_model(cfg.model), self.dtype, self.device)
+            model, tokenizer = load_checkpoint(resolve_model(cfg.model), self.dtype, self.device, self.weight_quant())
         self.model, self.tokenizer = model, tokenizer
         mc = model.cfg
         self.max_model_len = min(cfg.max_model_len, mc.max_position_embeddings)
@@ -78,6 +78,12 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._calibrated = False
+
+    def weight_quant(self) -> str:
+        """int4 has CPU kernels only; on CUDA auto means the float dtype (bfloat16)."""
+        if self.cfg.quant == "auto" and self.device.type != "cpu":
+            return "none"
+        return self.cfg.quant
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:

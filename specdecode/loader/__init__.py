@@ -9,8 +9,9 @@ from ..errors import ModelFileError
 from ..models import build_model
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.device):
-    """Returns (model, tokenizer). ``path`` is a local .gguf file or a model directory."""
+def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.device, quant: str = "none"):
+    """Returns (model, tokenizer). ``path`` is a local .gguf file or a model directory; ``quant`` is
+    none | int8 | int4 | auto (auto: the closest to a GGUF file's own bit width; none for HF dirs)."""
     from ..tokenizer import Tokenizer
 
     path = Path(path)
@@ -18,12 +19,14 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.de
         from .hf import iter_hf_tensors, read_hf_config
 
         cfg = read_hf_config(path)
-        model = build_model(cfg, dtype, device)
+        quant = "none" if quant == "auto" else quant
+        model = build_model(cfg, dtype, device, quant=quant)
         model.load_weights(iter_hf_tensors(path, dtype))
+        model.quant = quant
         return model, Tokenizer.from_hf_dir(path)
     if not path.exists():
         raise ModelFileError(f"{path}: no such file or directory")
     from .gguf_loader import GGUFFile, load_gguf_model
 
     f = GGUFFile(path)  # parsed once, for the weights and the tokenizer
-    return load_gguf_model(f, dtype, device), Tokenizer.from_gguf(f)
+    return load_gguf_model(f, dtype, device, quant), Tokenizer.from_gguf(f)

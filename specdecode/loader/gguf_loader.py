@@ -128,6 +128,19 @@ class GGUFFile:
         """The stored bytes as uint8 [rows, row_bytes] (rows = prod(shape[:-1])), a view on the file."""
         return np.frombuffer(self._mm, np.uint8, info.nbytes, info.offset).reshape(-1, info.row_bytes)
 
+    def release(self, info: GGUFTensorInfo) -> None:
+        """Drops a consumed tensor's file pages from this process's resident set (they stay in the OS
+        page cache): a load then peaks near the model's own size, not model + file."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        start = info.offset // page * page
+        end = -(-(info.offset + info.nbytes) // page) * page
+        try:
+            self._mm.madvise(mmap.MADV_DONTNEED, start, min(end, len(self._mm)) - start)
+        except (OSError, ValueError):
+            pass  # advisory only
+
 
 Source = str | os.PathLike | GGUFFile  # a path, or a file already parsed (read_gguf_config + tensors)
 
@@ -249,7 +262,7 @@ def read_gguf_config(source: Source) -> ModelConfig:
 _CHUNK_BLOCKS = 1024  # per call: ~1 MB of float32, cache-resident (gguf's own 16-row groups: 6x slower)
 
 
-def dequantize_tensor(info: GGUFTensorInfo, raw: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+def dequantize_tensor(info: GGUFTensorInfo, raw: np.ndarray, dtype: torch.dtype, shape=None) -> torch.Tensor:
     """raw uint8 [rows, row_bytes] -> tensor of info.shape in dtype."""
     if info.qtype not in SUPPORTED_TYPES:
         raise UnsupportedModelError(f"unsupported GGUF tensor type {info.qtype.name} (tensor {info.name})")
@@ -267,13 +280,15 @@ def dequantize_tensor(info: GGUFTensorInfo, raw: np.ndarray, dtype: torch.dtype)
         for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
             out32[i:i + _CHUNK_BLOCKS] = kernel(blocks[i:i + _CHUNK_BLOCKS])
         out = torch.from_numpy(out32).to(dtype)
-    return out.reshape(info.shape)
+    return out.reshape(info.shape if shape is None else shape)
 
 
-def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32,
-                      cfg: ModelConfig | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor [out, in] in dtype) one at a time, q/k rows un-permuted for llama. Tensor types
-    are checked on the call, before the caller has allocated or loaded anything."""
+def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32, cfg: ModelConfig | None = None,
+                      chunk_elements: int | None = None) -> Iterator[tuple[str, torch.Tensor, int]]:
+    """(HF name, rows [n, in] in dtype, first row) one at a time, q/k rows un-permuted for llama.
+    With ``chunk_elements``, large tensors arrive as several row ranges, so a quantizing loader never
+    holds one whole float copy of the embedding or LM head. Tensor types are checked on the call,
+    before the caller has allocated or loaded anything."""
     f = _open(source)
     cfg = cfg or read_gguf_config(f)
     for info in f.tensors.values():
@@ -283,18 +298,52 @@ def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32,
 
     def tensors():
         for info in f.tensors.values():
-            if (name := hf_name(info.name)) is not None:
-                t = dequantize_tensor(info, f.raw(info), dtype)
-                heads = permuted_heads(cfg, info.name)
-                yield name, (unpermute_rows(t, heads) if heads else t)
+            if (name := hf_name(info.name)) is None:
+                continue
+            heads = permuted_heads(cfg, info.name)
+            raw = f.raw(info)  # [rows, row_bytes]
+            rows = raw.shape[0] if len(info.shape) > 1 else 1
+            step = rows if heads or not chunk_elements else max(1, chunk_elements // max(1, info.shape[-1]))
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                shape = (r1 - r0, *info.shape[1:]) if len(info.shape) > 1 else info.shape
+                t = dequantize_tensor(info, raw[r0:r1], dtype, shape)
+                yield name, (unpermute_rows(t, heads) if heads else t), r0
+            del raw, t  # float32 tensors of F32 files are views on the mapping: drop them first
+            f.release(info)
     return tensors()
 
 
-def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """A LlamaModel with the weights of a GGUF file, dequantized to dtype."""
+# Bits per weight of the GGUF types, to pick the runtime format closest to the file's own.
+_BITS = {"Q2_K": 2.6, "Q3_K": 3.4, "Q4_0": 4.5, "Q4_1": 5.0, "Q4_K": 4.5, "Q5_0": 5.5, "Q5_1": 6.0,
+         "Q5_K": 5.5, "Q6_K": 6.6, "Q8_0": 8.5, "F16": 16, "BF16": 16, "F32": 32}
+_QUANT_CHUNK = 1 << 22  # float elements dequantized at a time for a quantized load (16 MB in float32)
+
+
+def auto_quant(source: Source) -> str:
+    """int4 for files whose decoder weights average at most ~5 bits (Q4_K_M, Q4_0, Q4_1), int8 for
+    5-8 bit files, none (float) above: the closest format the CPU kernels run fast."""
+    f = _open(source)
+    total = bits = 0
+    for info in f.tensors.values():
+        if info.name.startswith("blk.") and len(info.shape) == 2:
+            n = info.shape[0] * info.shape[1]
+            total += n
+            bits += n * _BITS.get(info.qtype.name, 16)
+    avg = bits / total if total else 16
+    return "int4" if avg <= 5.0 else "int8" if avg <= 9 else "none"
+
+
+def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                    quant: str = "none"):
+    """A LlamaModel with the weights of a GGUF file: dequantized to dtype (quant none), or requantized
+    to int8 / int4 row range by row range (never a whole float copy of a large tensor)."""
     f = _open(source)
     cfg = read_gguf_config(f)
-    weights = iter_gguf_tensors(f, dtype, cfg)
-    model = build_model(cfg, dtype, device)
+    if quant == "auto":
+        quant = auto_quant(f)
+    weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None)
+    model = build_model(cfg, dtype, device, quant=quant)
     model.load_weights(weights)
+    model.quant = quant
     return model

@@ -2,22 +2,51 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from ..errors import UnsupportedModelError
 from .config import SUPPORTED_ARCHS, ModelConfig
 from .llama import LlamaModel
 
+QUANT_KINDS = ("none", "int8", "int4")
+INT4_GROUP = 32  # matches GGUF's 32-element blocks; measured no slower than 128 on this CPU's GEMV
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LlamaModel:
+
+def _quantized(linear: nn.Linear, quant: str) -> nn.Module:
+    from ..layers.quant import Int4Linear, Int8Linear
+
+    bias = linear.bias is not None
+    if quant == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
+        return Int4Linear(linear.in_features, linear.out_features, bias, group_size=INT4_GROUP)
+    if linear.in_features % 16 == 0:
+        return Int8Linear(linear.in_features, linear.out_features, bias)
+    return linear  # a shape no kernel takes stays in the float dtype
+
+
+def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                quant: str = "none", head_quant: str = "int8") -> LlamaModel:
+    """quant: weight format of the decoder's linear layers (none = dtype); the LM head gets
+    ``head_quant`` and the embedding table int8 rows whenever quant != none."""
     if cfg.arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(
             f"unsupported architecture {cfg.arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
+    if quant not in QUANT_KINDS:
+        raise UnsupportedModelError(f"unknown quantization {quant!r} (choose from {', '.join(QUANT_KINDS)})")
     with torch.device("meta"):
-        model = LlamaModel(cfg)
-    # to_empty allocates each parameter once, uninitialised, in its final dtype: loading a model never
+        model = LlamaModel(cfg, separate_head=quant != "none")
+        model = model.to(dtype=dtype)
+        if quant != "none":
+            from ..layers.embedding import Int8Embedding
+
+            for mod in list(model.modules()):
+                for name, child in list(mod.named_children()):
+                    if isinstance(child, nn.Linear):
+                        setattr(mod, name, _quantized(child, head_quant if name == "lm_head" else quant))
+            model.embed_tokens = Int8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+    # to_empty allocates each tensor once, uninitialised, in its final dtype: loading a model never
     # holds a second full copy of it.
-    model = model.to(dtype=dtype).to_empty(device=device)
+    model = model.to_empty(device=device)
     for m in model.modules():
-        if hasattr(m, "weight") and m.__class__.__name__ == "RMSNorm":
+        if m.__class__.__name__ == "RMSNorm":
             torch.nn.init.ones_(m.weight)
     return model.eval().requires_grad_(False)

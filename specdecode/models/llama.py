@@ -38,22 +38,24 @@ class LlamaModel(nn.Module):
     packed = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
               "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, separate_head: bool = False):
+        """separate_head: give a tied model its own LM head (a quantized copy of the embedding)."""
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = None if cfg.tie_word_embeddings else make_linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        tied = cfg.tie_word_embeddings and not separate_head
+        self.lm_head = None if tied else make_linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.embed_tokens.weight.dtype
+        return self.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.embed_tokens.weight.device
+        return self.norm.weight.device
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
@@ -78,39 +80,60 @@ class LlamaModel(nn.Module):
             return [c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.num_kv_heads * c.head_dim]
         return [c.intermediate_size, c.intermediate_size]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def load_weights(self, weights: Iterable[tuple]) -> None:
         """Copies tensors named as in a Hugging Face checkpoint (``model.layers.0.self_attn.q_proj.weight``,
-        ``lm_head.weight``...) into this model, packing q/k/v and gate/up. Raises on a missing tensor."""
+        ``lm_head.weight``...) into this model, packing q/k/v and gate/up. Items are (name, tensor) or
+        (name, rows, first_row) for a checkpoint read in row ranges. Quantized layers (``load_rows``)
+        quantize what they receive. Raises on a missing tensor."""
         params = dict(self.named_parameters())
-        seen: set[str] = set()
-        for name, tensor in weights:
+        modules = dict(self.named_modules())
+        rows_seen: dict[str, int] = {}
+        for item in weights:
+            name, tensor = item[0], item[1]
+            row0 = item[2] if len(item) > 2 else 0
             name = name.removeprefix("model.")
+            targets = [name]
+            if name == "embed_tokens.weight" and self.cfg.tie_word_embeddings and self.lm_head is not None:
+                targets.append("lm_head.weight")  # tied in the file, separate here (a quantized head)
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the checkpoint carries a copy of the embedding
-            target, shard = name, None
-            for src, (dst, idx) in self.packed.items():
-                if f".{src}." in name:
-                    target, shard = name.replace(src, dst), idx
-                    break
-            if target not in params:
-                continue  # e.g. rotary inv_freq, or MTP modules loaded elsewhere
-            p = params[target]
-            with torch.no_grad():
-                if shard is None:
-                    p.copy_(tensor.reshape(p.shape))
-                else:
-                    sizes = self._sizes(target.split(".")[-2])
-                    off = sum(sizes[:shard])
-                    p.narrow(0, off, sizes[shard]).copy_(tensor)
-            seen.add(f"{target}#{shard}")
-        expected = set()
-        for n, p in params.items():
-            packed_name = n.split(".")[-2] if n.split(".")[-2] in ("qkv_proj", "gate_up_proj") else None
-            if packed_name and n.endswith("weight") or (packed_name == "qkv_proj" and n.endswith("bias")):
-                expected |= {f"{n}#{i}" for i in range(len(self._sizes(packed_name)))}
-            else:
-                expected.add(f"{n}#None")
-        missing = sorted(expected - seen)
+            for target in targets:
+                self._load_one(target, tensor, row0, params, modules, rows_seen)
+        missing = []
+        for n, p in params.items():  # every row of every weight must have arrived
+            if rows_seen.get(n, 0) < (p.shape[0] if p.dim() else 1):
+                missing.append(n)
+        for n, m in modules.items():
+            if hasattr(m, "load_rows") and rows_seen.get(f"{n}.weight", 0) < self._rows(m):
+                missing.append(f"{n}.weight")
         if missing:
             from ..errors import ModelFileError
-            raise ModelFileError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {missing[0].split('#')[0]}")
+            raise ModelFileError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {missing[0]}")
+
+    @staticmethod
+    def _rows(m) -> int:
+        return getattr(m, "out_features", None) or m.num_embeddings
+
+    def _load_one(self, name, tensor, row0, params, modules, rows_seen) -> None:
+        target, shard = name, None
+        for src, (dst, idx) in self.packed.items():
+            if f".{src}." in name:
+                target, shard = name.replace(src, dst), idx
+                break
+        offset = row0
+        if shard is not None:
+            offset += sum(self._sizes(target.split(".")[-2])[:shard])
+        mod_name, _, leaf = target.rpartition(".")
+        mod = modules.get(mod_name)
+        with torch.no_grad():
+            if leaf == "weight" and hasattr(mod, "load_rows"):
+                mod.load_rows(offset, tensor)
+            elif target in params:
+                p = params[target]
+                if p.dim() == 0 or (shard is None and row0 == 0 and tensor.numel() == p.numel()):
+                    p.copy_(tensor.reshape(p.shape))
+                else:
+                    p.narrow(0, offset, tensor.shape[0]).copy_(tensor)
+            else:
+                return  # e.g. rotary inv_freq, or MTP modules loaded elsewhere
+        rows_seen[target] = rows_seen.get(target, 0) + (tensor.shape[0] if tensor.dim() else 1)

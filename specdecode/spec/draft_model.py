@@ -35,7 +35,8 @@ class DraftModelProposer(Proposer):
         from ..store import resolve_model
 
         if model is None:
-            model, tokenizer = load_checkpoint(resolve_model(spec.model_draft), engine.dtype, engine.device)
+            model, tokenizer = load_checkpoint(resolve_model(spec.model_draft), engine.dtype, engine.device,
+                                               engine.weight_quant())
         check_vocab_compatible(engine.tokenizer, tokenizer)
         self.spec, self.model = spec, model
         self.target_vocab = engine.model.cfg.vocab_size
