@@ -1,0 +1,234 @@
+"""Weight-only quantized linear layers on PyTorch's own kernels: ``Int8Linear`` (int8, one scale per
+output row) and ``Int4Linear`` (4-bit, a scale and a zero per group of ``group_size`` inputs).
+
+Both are drop-in for ``nn.Linear`` (``forward(x [..., in]) -> [..., out]`` in x's dtype, optional
+float ``bias`` parameter) and are filled either whole (``from_float``) or shard by shard
+(``load_rows(offset, rows)``: the loader writes q/k/v or gate/up row ranges of one packed layer one
+at a time), quantizing each shard as it arrives so that no float copy of the layer is ever held.
+
+Compute dtype: on x86 the kernels are vectorized for bfloat16 activations only; float32 activations
+take a scalar loop 15-30x slower (measured here, 1536x1536 GEMV from cache: int8 1.0 ms vs 0.064 ms).
+So on CPU forward casts x to bfloat16 (rounding it to 8 significant bits) and the result back.
+The CPU int8 kernel also loads activations and weight rows with *aligned* 16/32-byte loads: it
+crashes on a misaligned x (forward re-allocates one) and needs in_features % 16 == 0 (checked).
+
+Devices: Int8Linear keeps the weight as a plain [out, in] int8 tensor, which the CUDA
+``_weight_int8pack_mm`` also takes (it computes in float32, so float32 activations are passed
+there); that path is untested here, as this work had no GPU. Int4Linear is CPU only: the CUDA op
+(``_weight_int4pack_mm`` / ``_convert_weight_to_int4pack``) uses another packing and raises here.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Rows quantized per step of load_rows: bounds the float32 temporaries (~4M elements, 16 MB) when a
+# shard is large (LM head: 151936 rows). A multiple of 64 so that steps align with int4 pack blocks.
+_STEP_ELEMENTS = 1 << 22
+
+
+def _kernel_input(x2d: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x [M, in] -> contiguous [M, in] in dtype whose data starts on a 64-byte boundary."""
+    xc = x2d.to(dtype).contiguous()
+    return xc if xc.data_ptr() % 64 == 0 else xc.clone()
+
+
+class _QuantLinear(nn.Module):
+    """Shared shape bookkeeping, bias and shard loading; subclasses quantize rows in ``_load_step``."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        # Float bias kept as a parameter so that the loader copies it like nn.Linear's.
+        self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, **kwargs) -> "_QuantLinear":
+        """weight [out, in] float (any float dtype), bias [out] or None."""
+        out_features, in_features = weight.shape
+        layer = cls(in_features, out_features, bias is not None, **kwargs).to(weight.device)
+        layer.load_rows(0, weight)
+        if bias is not None:
+            with torch.no_grad():
+                layer.bias.copy_(bias)
+        return layer
+
+    @torch.no_grad()
+    def load_rows(self, offset: int, rows: torch.Tensor) -> None:
+        """Quantizes rows [n, in] of the float weight into output rows [offset, offset + n)."""
+        n = rows.shape[0]
+        if rows.dim() != 2 or rows.shape[1] != self.in_features or offset < 0 or offset + n > self.out_features:
+            raise ValueError(f"rows {tuple(rows.shape)} at offset {offset} do not fit a "
+                             f"[{self.out_features}, {self.in_features}] weight")
+        step = max(64, _STEP_ELEMENTS // self.in_features // 64 * 64)
+        start = offset
+        while start < offset + n:
+            end = min(offset + n, (start // step + 1) * step)  # absolute boundaries: multiples of 64
+            self._load_step(start, rows[start - offset:end - offset].to(self._weight_device(), torch.float32))
+            start = end
+
+    def _weight_device(self) -> torch.device:
+        """The device of the quantized weight; raises where the format has no kernel."""
+        raise NotImplementedError
+
+    def _load_step(self, start: int, w: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def _finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """y [M, out] -> [..., out] in x's dtype, plus bias (the float32 bias promotes a bf16 y)."""
+        bias = self.bias
+        if bias is not None:
+            y = y + bias
+        return y.to(x.dtype).view(x.shape[:-1] + (self.out_features,))
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+# -- quantization formats (pure functions: the layers store their results, tests check them) ------
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [n, in] float32 -> (q int8 [n, in], scale float32 [n]), symmetric per row: w ~ q * scale.
+
+    q spans [-127, 127] with scale = max|w_row| / 127, so nothing is clipped and |w - q*scale| <= scale/2.
+    """
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """w [n, in] float32 -> (codes uint8 [n, in] in 0..15, scale, zero float32 [n, in / group_size]).
+
+    The format of the int4 kernels: w ~ (code - 8) * scale + zero per group of group_size inputs, with
+    scale and zero stored in bfloat16. Both are rounded to bfloat16 *before* the codes are chosen, and
+    scale is widened to cover the group around the rounded zero, so |w - dequant| <= scale/2 holds
+    for the stored values (the bound a plain min/max grid would lose to bf16 rounding of zero).
+    """
+    n, k = w.shape
+    g = w.reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    zero = (lo + (hi - lo) * (8 / 15)).to(torch.bfloat16).float()
+    scale = torch.maximum((hi - zero) / 7, (zero - lo) / 8).clamp(min=1e-30)
+    rounded = scale.to(torch.bfloat16)
+    rounded = torch.where(rounded.float() < scale, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))),
+                          rounded)
+    scale = rounded.float()
+    codes = torch.round((g - zero[..., None]) / scale[..., None]).add_(8).clamp_(0, 15).to(torch.uint8)
+    return codes.reshape(n, k), scale, zero
+
+
+def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """Inverse of quantize_int4: -> float32 [n, in]."""
+    n, k = codes.shape
+    g = codes.reshape(n, scale.shape[1], -1).float().sub_(8)
+    return (g * scale[..., None] + zero[..., None]).reshape(n, k)
+
+
+# -- layers ------------------------------------------------------------------------------------------
+
+class Int8Linear(_QuantLinear):
+    """qweight int8 [out, in] + scales float32 [out]; weight bytes: out * in (+ 4 * out)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+        super().__init__(in_features, out_features, bias)
+        if in_features % 16:
+            raise ValueError(f"Int8Linear needs in_features % 16 == 0 (the CPU kernel steps K by 16), got {in_features}")
+        self.register_buffer("qweight", torch.empty(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.empty(out_features))
+        self._unit: torch.Tensor | None = None
+
+    def _weight_device(self) -> torch.device:
+        return self.qweight.device
+
+    def _load_step(self, start: int, w: torch.Tensor) -> None:
+        q, scale = quantize_int8(w)
+        self.qweight[start:start + len(w)] = q
+        self.scales[start:start + len(w)] = scale
+
+    def dequantize(self) -> torch.Tensor:
+        """-> float32 [out, in], the weight this layer multiplies by."""
+        return self.qweight.float() * self.scales.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.qweight
+        x2d = x.reshape(-1, self.in_features)
+        xc = _kernel_input(x2d, torch.bfloat16) if w.is_cpu else x2d.float().contiguous()
+        # The kernel gets unit scales and the float32 scales are applied to its [M, out] result: the
+        # bf16 result must be widened anyway, and this keeps the scales out of bf16.
+        unit = self._unit
+        if unit is None or unit.device != w.device or unit.dtype != xc.dtype:
+            unit = self._unit = torch.ones(self.out_features, dtype=xc.dtype, device=w.device)
+        return self._finish(torch.ops.aten._weight_int8pack_mm(xc, w, unit) * self.scales, x)
+
+
+# Rows of a CPU int4 pack block: the packing interleaves the rows of blocks of 64 (AVX512) or 32
+# (AVX2, other) rows, so a row range that starts on a multiple of 64 and ends on one (or at out) packs
+# on its own into exactly those rows of the packed weight; other ranges wait in _pending.
+_PACK_ROWS = 64
+
+
+class Int4Linear(_QuantLinear):
+    """qweight uint8 [out, in / 2] in the CPU tinygemm layout + qparams [in / group_size, out, 2]
+    (bf16 bits of (scale, zero), kept as int16 so that module.to(dtype) leaves them alone).
+
+    The packed layout depends on the CPU's ISA level (AVX512 vs AVX2): pack on the machine that runs
+    it, never ship a state_dict of it to another machine.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int = 128):
+        super().__init__(in_features, out_features, bias)
+        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+            raise RuntimeError(f"Int4Linear needs torch.ops.aten._weight_int4pack_mm_for_cpu (torch {torch.__version__})")
+        if group_size not in (32, 64, 128, 256) or in_features % group_size or out_features % 16:
+            raise ValueError(f"Int4Linear needs group_size in 32/64/128/256 dividing in_features and "
+                             f"out_features % 16 == 0, got in={in_features} out={out_features} group={group_size}")
+        self.group_size = group_size
+        self.register_buffer("qweight", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("qparams", torch.empty(in_features // group_size, out_features, 2, dtype=torch.int16))
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block start -> (codes, rows filled)
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows quantized but not yet packed, waiting for the rest of their 64-row block."""
+        return sum(int(filled.sum()) for _, filled in self._pending.values())
+
+    def _weight_device(self) -> torch.device:
+        if self.qweight.device.type != "cpu":
+            raise NotImplementedError("Int4Linear runs on CPU only (CUDA int4 uses another packing)")
+        return self.qweight.device
+
+    def _load_step(self, start: int, w: torch.Tensor) -> None:
+        codes, scale, zero = quantize_int4(w, self.group_size)
+        end = start + len(w)
+        self.qparams[:, start:end] = torch.stack([scale, zero], -1).to(torch.bfloat16).view(torch.int16).transpose(0, 1)
+        codes = codes.to(torch.int32)  # the packing op takes one int32 per code
+        a = min(-(-start // _PACK_ROWS) * _PACK_ROWS, end)
+        b = end if end == self.out_features else max(a, end // _PACK_ROWS * _PACK_ROWS)
+        if a < b:
+            self.qweight[a:b] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[a - start:b - start], 1)
+        for lo, hi in ((start, a), (b, end)):
+            if lo < hi:
+                self._stash(lo, codes[lo - start:hi - start])
+
+    def _stash(self, start: int, codes: torch.Tensor) -> None:
+        block = start // _PACK_ROWS * _PACK_ROWS
+        size = min(_PACK_ROWS, self.out_features - block)
+        buf, filled = self._pending.setdefault(
+            block, (torch.zeros(size, self.in_features, dtype=torch.int32), torch.zeros(size, dtype=torch.bool)))
+        buf[start - block:start - block + len(codes)] = codes
+        filled[start - block:start - block + len(codes)] = True
+        if filled.all():
+            self.qweight[block:block + size] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(buf, 1)
+            del self._pending[block]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.qweight
+        if not w.is_cpu:
+            self._weight_device()  # raises
+        xc = _kernel_input(x.reshape(-1, self.in_features), torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, w, self.group_size, self.qparams.view(torch.bfloat16))
+        return self._finish(y, x)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, group_size={self.group_size}"
