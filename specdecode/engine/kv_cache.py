@@ -41,10 +41,14 @@ class KVCache:
     def num_slots(self) -> int:
         return len(self.lengths)
 
-    def allocate(self) -> int:
+    def allocate(self, slot: int | None = None) -> int:
+        """Takes a free slot (``slot``, or the most recently freed one) with length 0."""
         if not self._free:
             raise OutOfMemoryBudgetError("no free KV-cache slot")
-        slot = self._free.pop()
+        if slot is None:
+            slot = self._free.pop()
+        else:
+            self._free.remove(slot)
         self.lengths[slot] = 0
         return slot
 
@@ -55,6 +59,9 @@ class KVCache:
     @property
     def free_slots(self) -> int:
         return len(self._free)
+
+    def free_slot_ids(self) -> list[int]:
+        return list(self._free)
 
     def truncate(self, slot: int, length: int) -> None:
         assert 0 <= length <= self.lengths[slot], (length, self.lengths[slot])

@@ -38,16 +38,11 @@ class PrefixCache:
         """Takes the free slot sharing the longest prefix with the prompt (ties and misses: the least
         recently used one) and returns (slot, reused). The slot's committed length is set to
         ``reused``; at least the last prompt token is left out, as it is the first draft root."""
-        # KVCache hands out slots last-in-first-out only: take them all, keep one, return the rest in
-        # reverse so its order (and so which slot a plain allocation gets) is unchanged.
-        free = [self.kv.allocate() for _ in range(self.kv.free_slots)]
+        free = self.kv.free_slot_ids()[::-1]  # in the order plain allocation hands them out (ties go first)
         if not free:
             return self.kv.allocate(), 0  # raises the KV cache's own "no free slot" error
         matches = {s: common_prefix_len(self.cached.get(s, []), prompt_ids) for s in free}
-        slot = max(free, key=lambda s: (matches[s], -self._released_at.get(s, -1)))
-        for s in reversed(free):
-            if s != slot:
-                self.kv.free(s)
+        slot = self.kv.allocate(max(free, key=lambda s: (matches[s], -self._released_at.get(s, -1))))
         reused = min(matches[slot], len(prompt_ids) - 1)
         self.cached.pop(slot, None)
         self.kv.set_length(slot, reused)
