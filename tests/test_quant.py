@@ -5,16 +5,19 @@ import torch
 
 from specdecode.layers.quant import Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
 
-GEN = torch.Generator().manual_seed(0)
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
 
 
 def weight(out_features: int, in_features: int) -> torch.Tensor:
     """Random weight with the awkward rows real checkpoints have: an all-zero row, a constant row,
     and a row far from zero with a small spread (its int4 zero point is rounded coarsely in bf16)."""
-    w = torch.randn(out_features, in_features, generator=GEN) * 0.05
+    w = torch.randn(out_features, in_features) * 0.05
     w[1] = 0
     w[2] = 0.3
-    w[3] = 10 + torch.rand(in_features, generator=GEN) * 0.1
+    w[3] = 10 + torch.rand(in_features) * 0.1
     return w
 
 
@@ -71,11 +74,11 @@ def test_int4_round_trip_within_half_a_step(group_size):
 ], ids=["int8", "int4-g32", "int4-g128"])
 def test_forward_matches_dequantized_reference(make, bias):
     w = weight(368, 512)  # 368 = 5 full 64-row pack blocks + a 48-row tail
-    b = torch.randn(368, generator=GEN) if bias else None
+    b = torch.randn(368) if bias else None
     layer, group_size = make(w, b)
     w_deq = layer.dequantize() if group_size is None else dequantize_int4(*quantize_int4(w, group_size))
     for rows in (1, 3, 5, 9):
-        x = torch.randn(2, rows, 512, generator=GEN)
+        x = torch.randn(2, rows, 512)
         y = layer(x)
         assert y.shape == (2, rows, 368) and y.dtype == torch.float32
         err = (y.double() - reference(x, w_deq, b)).abs()
@@ -106,7 +109,7 @@ def test_shard_by_shard_loading_equals_one_load(cls, kwargs):
     buffers = dict(layer.named_buffers())
     for name, buf in whole.named_buffers():
         assert buf.dtype == buffers[name].dtype and torch.equal(buffers[name], buf), name
-    x = torch.randn(4, 256, generator=GEN)
+    x = torch.randn(4, 256)
     assert torch.equal(layer(x), whole(x))
 
 
@@ -114,7 +117,7 @@ def test_int4_params_survive_module_dtype_casts():
     # The kernel needs bf16 scales/zeros; they are stored as int16 bits so that model.to(dtype) (which
     # build_model does) cannot convert them.
     layer = Int4Linear.from_float(weight(64, 128), group_size=32)
-    x = torch.randn(3, 128, generator=GEN)
+    x = torch.randn(3, 128)
     y = layer(x)
     for dtype in (torch.float64, torch.float16, torch.float32):
         layer = layer.to(dtype)
@@ -126,11 +129,11 @@ def test_int8_accepts_misaligned_and_bf16_input():
     # The CPU kernel reads activations with aligned 32-byte loads and crashes on a misaligned view.
     w = weight(64, 1536)
     layer = Int8Linear.from_float(w)
-    big = torch.randn(2, 1536 + 1, generator=GEN)
+    big = torch.randn(2, 1536 + 1)
     x = big[:, 1:]
     expected = layer(x.clone())
     assert torch.equal(layer(x), expected)
-    xb = torch.randn(2, 1537, generator=GEN).to(torch.bfloat16)[:, 1:]
+    xb = torch.randn(2, 1537).to(torch.bfloat16)[:, 1:]
     assert layer(xb).dtype == torch.bfloat16
 
 

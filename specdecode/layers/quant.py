@@ -133,7 +133,8 @@ class Int8Linear(_QuantLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias)
         if in_features % 16:
-            raise ValueError(f"Int8Linear needs in_features % 16 == 0 (the CPU kernel steps K by 16), got {in_features}")
+            raise ValueError(f"Int8Linear needs in_features % 16 == 0 (the CPU kernel steps K by 16), "
+                             f"got {in_features}")
         self.register_buffer("qweight", torch.empty(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(out_features))
         self._unit: torch.Tensor | None = None
@@ -179,7 +180,8 @@ class Int4Linear(_QuantLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int = 128):
         super().__init__(in_features, out_features, bias)
         if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
-            raise RuntimeError(f"Int4Linear needs torch.ops.aten._weight_int4pack_mm_for_cpu (torch {torch.__version__})")
+            raise RuntimeError(f"Int4Linear needs torch.ops.aten._weight_int4pack_mm_for_cpu, "
+                               f"absent from torch {torch.__version__}")
         if group_size not in (32, 64, 128, 256) or in_features % group_size or out_features % 16:
             raise ValueError(f"Int4Linear needs group_size in 32/64/128/256 dividing in_features and "
                              f"out_features % 16 == 0, got in={in_features} out={out_features} group={group_size}")

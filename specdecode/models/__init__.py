@@ -9,7 +9,7 @@ from .config import SUPPORTED_ARCHS, ModelConfig
 from .llama import LlamaModel
 
 QUANT_KINDS = ("none", "int8", "int4")
-INT4_GROUP = 32  # matches GGUF's 32-element blocks; measured no slower than 128 on this CPU's GEMV
+INT4_GROUP = 32  # GGUF Q4_K sub-block size: 4x finer scales than 128, for ~5-12% more time per GEMV (measured)
 
 
 def _quantized(linear: nn.Linear, quant: str) -> nn.Module:
