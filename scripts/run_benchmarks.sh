@@ -8,7 +8,7 @@ T=${THREADS:-2}
 # Foundation + quantized execution: prefill/decode, ceiling, verify cost curve.
 for m in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct; do
   for q in none auto; do
-    python scripts/bench_runtime.py --model $m --quant $q --threads $T --json-out out/runtime.jsonl
+    python scripts/bench_runtime.py --model $m --quant $q --threads $T --reps 2 --decode-tokens 64 --json-out out/runtime.jsonl
   done
 done
 # Peak resident memory of a whole generate run (4-bit path).

@@ -110,6 +110,24 @@ def cmd_models(a) -> int:
     return 0
 
 
+# -- attach-mtp (MTP heads, issue 5) -----------------------------------------------------------------
+def cmd_attach_mtp(a) -> int:
+    from .loader.mtp_ckpt import attach_mtp
+    from .store import resolve_model
+
+    print(attach_mtp(resolve_model(a.model), a.head, a.out, progress=sys.stderr.isatty()))
+    return 0
+
+
+def add_attach_mtp_parser(sub) -> None:
+    x = sub.add_parser("attach-mtp", help="write MODEL + MTP heads as one GGUF, for --spec-type draft-mtp")
+    x.add_argument("--model", "-m", required=True, help="known name or GGUF file")
+    x.add_argument("--head", required=True, help="head directory (train-head --kind mtp), or a file with heads")
+    x.add_argument("--out", "-o", required=True, help="the GGUF file to write")
+    x.set_defaults(func=cmd_attach_mtp)
+# -- end attach-mtp ----------------------------------------------------------------------------------
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specdecode", description="Lossless speculative decoding for local LLMs")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -132,8 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .server.cli import add_serve_parser
 
     add_bench_parser(sub, add_model_args, add_spec_args)
+    add_attach_mtp_parser(sub)
     add_serve_parser(sub, add_model_args, add_spec_args)
     add_bench_serve_parser(sub, add_model_args, add_spec_args)
+    from .train.cli import add_train_parser
+
+    add_train_parser(sub, add_model_args)
     return ap
 
 

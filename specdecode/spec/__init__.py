@@ -19,4 +19,12 @@ def make_proposer(spec: SpecConfig, engine, draft=None) -> Proposer:
         from .draft_model import DraftModelProposer
 
         return DraftModelProposer(spec, engine, *(draft or (None, None)))
+    if spec.spec_type in ("eagle3", "eagle"):  # ``draft``: a built EagleHead (tests), else --spec-head / bundled
+        from .eagle import EagleProposer
+
+        return EagleProposer(spec, engine, draft)
+    if spec.spec_type == "draft-mtp":  # MTP heads read from the model file itself (``draft``: a loaded MTPHead)
+        from .mtp import MTPProposer
+
+        return MTPProposer(spec, engine, draft)
     raise InvalidRequestError(f"--spec-type {spec.spec_type} is not available yet")

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Rebuilds the bundled EAGLE-3 head(s) in heads/ from scratch: corpus = Python's standard library
+# source plus the target's own answers to chat prompts written from it (never Spec-Bench).
+# Each train-head call stops cleanly after --time-limit minutes and resumes where it stopped, so
+# the loop below re-runs it until the head is written. Usage: scripts/build_heads.sh [WORKDIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work="${1:-out/heads}"
+threads="${THREADS:-1}"
+
+build() {  # build NAME EXTRA_TRAIN_ARGS...
+    local name="$1"; shift
+    local out="$work/$name-eagle3"
+    until [ -f "$out/model.safetensors" ]; do
+        nice -n 10 specdecode train-head --model "$name" --kind eagle3 --data stdlib --out "$out" \
+            --threads "$threads" --time-limit 19 --seed 0 "$@"
+    done
+    mkdir -p "heads/$name-eagle3"
+    cp "$out/config.json" "$out/model.safetensors" "$out/train_report.json" "heads/$name-eagle3/"
+    echo "heads/$name-eagle3 rebuilt"
+}
+
+build smollm2-135m-instruct --dtype bfloat16 --seq-len 512 --corpus-tokens 40000 --distill 48 \
+    --distill-tokens 256 --draft-vocab 8192 --steps 400 --batch-size 4 --lr 2e-3 --eval-every 50 --save-every 25

@@ -1,0 +1,279 @@
+"""EAGLE proposer (``--spec-type eagle3`` / ``eagle``): a draft head on the target's hidden states,
+growing a token tree EAGLE-2 style with SGLang's knobs.
+
+Head state per sequence: a KV cache slot whose index i holds the head's entry for position base + i
+(entry j = target features at j + embedding of token j+1; see models/eagle.py), ``fed`` committed
+entries, and pending target features (from ``seq.hidden`` after each verify) not fed yet. A proposal
+feeds the pending entries, then grows the tree: depth 1 = the top-k tokens of the last entry; each
+later step feeds the k best frontier nodes (by path log-probability) as entries that see the
+committed prefix and their own ancestors (tree mask), and scores their top-k children; finally the
+best ``num_draft_tokens - 1`` nodes overall are kept (parents score at least as high as their
+children, so the set is closed under ancestors). Draft entries are written past ``fed`` and never
+committed: the next commit drops them, and the accepted tokens re-enter with the target's own
+features. Tokens are chosen deterministically (top-k), so the tree carries no draft distributions and
+the shared accept() is exact at any temperature (a deterministic draft is the one-hot q)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import SpecConfig
+from ..engine.kv_cache import KVCache
+from ..engine.model_runner import ModelRunner
+from ..errors import InvalidRequestError
+from ..models.eagle import EagleHead
+from .controller import EMA
+from .proposer import Proposer
+from .tree import DraftTree
+
+HEADS_DIR = Path(__file__).resolve().parents[2] / "heads"  # bundled heads: heads/<model>-<kind>/
+PROMPT_WINDOW = 256  # prompt positions whose target features are recomputed when none were captured
+
+
+@dataclass
+class _State:
+    slot: int
+    base: int = 0  # position of head KV index 0
+    fed: int = 0  # committed head entries: positions base .. base + fed - 1
+    feats: torch.Tensor | None = None  # [n, F] target features of positions fstart .. fstart + n - 1
+    fstart: int = 0
+
+
+def model_key(model: str) -> str:
+    from ..store import find_entry
+
+    entry = find_entry(model)
+    if entry is not None:
+        return entry.name
+    p = Path(model)
+    return (p.stem if p.suffix.lower() == ".gguf" else p.name).lower()
+
+
+def find_head(spec: SpecConfig, model: str) -> Path:
+    if spec.head:
+        return Path(spec.head).expanduser()
+    d = HEADS_DIR / f"{model_key(model)}-{spec.spec_type}"
+    if not d.is_dir():
+        raise InvalidRequestError(f"no bundled {spec.spec_type} head for {model_key(model)!r}: train one with "
+                                  f"`specdecode train-head --kind {spec.spec_type}` and pass --spec-head DIR")
+    return d
+
+
+class EagleProposer(Proposer):
+    def __init__(self, spec: SpecConfig, engine, head: EagleHead | None = None):
+        if spec.num_steps < 1 or spec.eagle_topk < 1 or spec.num_draft_tokens < 2:
+            raise InvalidRequestError("EAGLE needs --num-steps >= 1, --eagle-topk >= 1, --num-draft-tokens >= 2")
+        self.name, self.spec = spec.spec_type, spec
+        target = engine.model
+        if head is None:
+            from ..loader.eagle_ckpt import load_head
+
+            path = find_head(spec, engine.cfg.model)
+            head = load_head(path, target.cfg, engine.dtype, engine.device)
+            if head.cfg.kind != spec.spec_type:
+                raise InvalidRequestError(f"--spec-type {spec.spec_type} needs a {spec.spec_type} head; {path} "
+                                          f"holds a {head.cfg.kind} head")
+        self.head = head.to(device=engine.device, dtype=engine.dtype).bind(target)
+        if engine.device.type == "cpu" and engine.dtype in (torch.float32, torch.bfloat16):
+            self.head.quantize_int8()
+        self.capture_layers = head.capture_layers
+        self.target, self.target_kv = target, engine.kv
+        c, K = head.cfg, spec.eagle_topk
+        # one slot per engine slot plus a scratch slot for cost calibration; room for one tree of entries
+        self.kv = KVCache(1, engine.kv.num_slots + 1, engine.kv.max_len + spec.num_steps * K + 1,
+                          c.num_kv_heads, c.head_dim, engine.dtype, engine.device)
+        self.now = engine.timer.now
+        self._step_cost: dict[int, float] = {}
+
+    @property
+    def max_tokens(self) -> int:
+        n = self.spec.num_draft_tokens - 1
+        return min(n, self.spec.num_steps) if self.spec.eagle_topk == 1 else n
+
+    # -- state -----------------------------------------------------------------------------------
+    def _state(self, seq) -> _State:
+        st = seq.spec_state.get("eagle")
+        if st is None:
+            st = seq.spec_state["eagle"] = _State(self.kv.allocate())
+        return st
+
+    def _add_features(self, st: _State, start: int, feats: torch.Tensor) -> None:
+        """Pending features of positions start .. start + n - 1 (contiguous with what is pending)."""
+        if st.feats is not None and st.fstart + len(st.feats) == start:
+            st.feats = torch.cat([st.feats, feats])
+        elif start + len(feats) > st.base + st.fed:
+            st.feats, st.fstart = feats, start
+
+    def observe_prefill(self, seq, start: int, hidden: torch.Tensor, captured: dict[int, torch.Tensor]) -> None:
+        """Prompt features captured by the engine's prefill (positions start ..), so that none are recomputed."""
+        self._add_features(self._state(seq), start, self.head.features(hidden, captured))
+
+    def commit(self, seq, num_accepted):
+        st = self._state(seq)
+        if seq.hidden is not None:
+            final, captured = seq.hidden
+            feats = self.head.features(final, captured)  # [accepted + 1, F]: root + accepted path
+            self._add_features(st, self.target_kv.lengths[seq.slot] - len(feats), feats)
+            seq.hidden = None
+        self.kv.set_length(st.slot, st.fed)  # drop the draft entries
+
+    def release(self, seq):
+        st = seq.spec_state.pop("eagle", None)
+        if st is not None:
+            self.kv.free(st.slot)
+
+    def _fill_gap(self, seq, st: _State) -> None:
+        """Recomputes target features for committed positions the head lacks (the prompt, unless the
+        engine passed them), over a private copy of the target's cache, limited to PROMPT_WINDOW."""
+        end = len(seq.tokens) - 1  # the target's committed length
+        have = st.fstart if st.feats is not None else end
+        if have <= st.base + st.fed:
+            return
+        a = max(0, have - PROMPT_WINDOW) if st.fed == 0 else st.base + st.fed
+        if st.fed == 0:
+            st.base = a
+        tk = self.target_kv
+        scratch = KVCache(tk.k.shape[0], 1, have, tk.k.shape[2], tk.k.shape[4], tk.k.dtype, tk.k.device)
+        slot = scratch.allocate()
+        scratch.k[:, slot, :, :a] = tk.k[:, seq.slot, :, :a]
+        scratch.v[:, slot, :, :a] = tk.v[:, seq.slot, :, :a]
+        scratch.set_length(slot, a)
+        _, hidden, cap = ModelRunner(self.target, scratch).forward(
+            [slot], [seq.tokens[a:have]], logits=False, capture_layers=self.capture_layers)
+        gap = self.head.features(hidden[0], {i: h[0] for i, h in cap.items()})
+        st.feats = gap if st.feats is None else torch.cat([gap, st.feats])
+        st.fstart = a
+
+    # -- drafting --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, seqs, max_tokens):
+        trees = [DraftTree.empty() for _ in seqs]
+        rows = []
+        for b, seq in enumerate(seqs):
+            if max_tokens[b] > 0:
+                st = self._state(seq)
+                self._fill_gap(seq, st)
+                if st.feats is not None and len(st.feats):
+                    rows.append(b)
+        if not rows:
+            return trees
+        t0 = self.now()
+        states = [seqs[b].spec_state["eagle"] for b in rows]
+        x_last = self._feed_pending([seqs[b] for b in rows], states)
+        keep = [min(max_tokens[b], self.max_tokens) for b in rows]
+        steps = min(self.spec.num_steps, max(keep))
+        cands = self._grow(x_last, states, [len(seqs[b].tokens) - 1 for b in rows], steps)
+        for i, b in enumerate(rows):
+            trees[b] = _select(cands[i], keep[i])
+        self._observe(len(rows), (self.now() - t0) / steps)
+        return trees
+
+    def _feed_pending(self, seqs, states) -> torch.Tensor:
+        """Feeds every row's pending entries (causal; KV index = position - base) and commits them.
+        Returns the pre-norm output of each row's last entry [B, H]: it drafts depth 1."""
+        h, dev = self.head, self.head.device
+        n = [len(st.feats) for st in states]
+        T, B = max(n), len(states)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        pos = torch.zeros(B, T, dtype=torch.long)
+        feats = torch.zeros(B, T, states[0].feats.shape[-1], dtype=states[0].feats.dtype, device=dev)
+        for b, (seq, st) in enumerate(zip(seqs, states)):
+            ids[b, :n[b]] = torch.tensor(seq.tokens[st.fstart + 1:st.fstart + 1 + n[b]])  # entry j reads token j+1
+            pos[b, :n[b]] = torch.arange(st.fstart, st.fstart + n[b])
+            feats[b, :n[b]] = st.feats
+        starts = [st.fed for st in states]
+        L = max(s + k for s, k in zip(starts, n))
+        key = torch.arange(L).view(1, 1, L) - torch.tensor(starts).view(B, 1, 1)  # key index relative to row start
+        q = torch.arange(T).view(1, T, 1)
+        mask = (key <= q) & (q < torch.tensor(n).view(B, 1, 1))
+        mask[:, :, 0] |= ~mask.any(-1)  # padded queries: one valid key avoids NaN
+        x = h.step(h.embed(ids.to(dev)), h.project(feats), pos.to(dev), self.kv, [st.slot for st in states],
+                   starts, n, mask[:, None].to(dev))
+        for st, k in zip(states, n):
+            st.fed += k
+            st.feats = None
+            self.kv.set_length(st.slot, st.fed)
+        return x[torch.arange(B), torch.tensor(n) - 1]
+
+    def _grow(self, x_last: torch.Tensor, states, root_pos: list[int], steps: int) -> list[list[tuple]]:
+        """EAGLE-2 expansion for B rows at once. Returns per row the candidates in creation order as
+        (score, target token, parent candidate index or -1, depth)."""
+        h, K = self.head, self.spec.eagle_topk
+        B, dev = x_last.shape[0], x_last.device
+        logp = torch.log_softmax(h.logits(x_last), -1)  # [B, Vd]
+        score, tok = logp.topk(K, dim=-1)  # [B, K] frontier = the root's children
+        tgt = h.to_target(tok)
+        cands = [[(sc, t, -1, 1) for sc, t in zip(srow, trow)] for srow, trow in zip(score.tolist(), tgt.tolist())]
+        front = torch.arange(K).expand(B, K).clone()  # candidate index of each frontier node
+        hid = x_last[:, None].expand(B, K, -1)  # parent's output for each frontier node
+        D = (steps - 1) * K  # draft entries written this proposal (frontiers of depths 1 .. steps-1)
+        vis = torch.zeros(B, K, max(D, 1), dtype=torch.bool)  # draft entries each frontier node sees
+        fed = torch.tensor([st.fed for st in states]).view(B, 1, 1)
+        rel = torch.arange(int(fed.max()) + D).view(1, 1, -1) - fed  # [B, 1, L] key index relative to fed
+        for d in range(2, steps + 1):
+            off, Ld = (d - 2) * K, int(fed.max()) + (d - 1) * K  # Ld: keys the head sees this step
+            vis[:, torch.arange(K), off + torch.arange(K)] = True
+            r = rel[..., :Ld]
+            drafted = vis.gather(2, r.clamp(0, D - 1).expand(B, K, Ld)) & (r >= 0) & (r < D)
+            mask = (r < 0) | drafted  # [B, K, Ld]: the committed prefix, the node's ancestors and itself
+            pos = torch.tensor(root_pos).view(B, 1) + d - 2
+            x = h.step(h.embed(tgt), hid, pos.expand(B, K).to(dev), self.kv, [st.slot for st in states],
+                       [st.fed + off for st in states], [K] * B, mask[:, None].to(dev))
+            logp = torch.log_softmax(h.logits(x), -1) + score[..., None]  # [B, K, Vd] path log-probs
+            cs, ct = logp.topk(K, dim=-1)  # [B, K, K] each frontier node's best children
+            ctg = h.to_target(ct)
+            best = cs.flatten(1).topk(K, dim=-1).indices  # [B, K] next frontier among the K*K children
+            cs_l, ctg_l, best_c = cs.flatten(1).tolist(), ctg.flatten(1).tolist(), best.cpu()
+            for b in range(B):
+                base = len(cands[b])
+                cands[b] += [(cs_l[b][i], ctg_l[b][i], int(front[b, i // K]), d) for i in range(K * K)]
+                front[b] = base + best_c[b]
+            par = torch.div(best_c, K, rounding_mode="floor")
+            score = cs.flatten(1).gather(1, best)
+            tgt = ctg.flatten(1).gather(1, best)
+            hid = x.gather(1, par.to(dev)[..., None].expand(B, K, x.shape[-1]))
+            vis = vis.gather(1, par[..., None].expand(B, K, vis.shape[-1]))
+        return cands
+
+    # -- cost ------------------------------------------------------------------------------------
+    def _observe(self, batch: int, seconds: float) -> None:
+        old = self._step_cost.get(batch)
+        self._step_cost[batch] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+
+    def draft_cost(self, n_seqs: int = 1) -> float:
+        """Seconds per drafted node: a head forward per tree level, spread over the nodes kept."""
+        if n_seqs not in self._step_cost:
+            self._calibrate(n_seqs)
+        n = self.max_tokens
+        return self._step_cost[n_seqs] * min(self.spec.num_steps, n) / n
+
+    @torch.inference_mode()
+    def _calibrate(self, n_seqs: int) -> None:
+        h, K, dev = self.head, self.spec.eagle_topk, self.head.device
+        slot = self.kv.allocate()
+        try:
+            H = h.cfg.hidden_size
+            x = torch.zeros(n_seqs, K, H, dtype=h.dtype, device=dev)
+            ids = torch.zeros(n_seqs, K, dtype=torch.long, device=dev)
+            pos = torch.full((n_seqs, K), 32, device=dev)
+            mask = torch.ones(n_seqs, 1, K, 32 + K, dtype=torch.bool, device=dev)
+            best = float("inf")
+            for _ in range(3):
+                t0 = self.now()
+                y = h.step(h.embed(ids), x, pos, self.kv, [slot] * n_seqs, [32] * n_seqs, [K] * n_seqs, mask)
+                h.logits(y).topk(K, dim=-1)
+                best = min(best, self.now() - t0)
+            self._step_cost[n_seqs] = best
+        finally:
+            self.kv.free(slot)
+
+
+def _select(cands: list[tuple], n: int) -> DraftTree:
+    """The n best candidates by path log-prob (ties: earlier first, so a parent precedes its child),
+    in creation order (parents before children, siblings best first)."""
+    order = sorted(range(len(cands)), key=lambda i: (-cands[i][0], i))[:n]
+    keep = sorted(order)
+    index = {c: i for i, c in enumerate(keep)}
+    return DraftTree([cands[c][1] for c in keep], [index[cands[c][2]] if cands[c][2] >= 0 else -1 for c in keep])

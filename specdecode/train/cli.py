@@ -1,0 +1,165 @@
+"""``specdecode train-head --model M --kind eagle3|eagle|mtp --data FILES... --out DIR``.
+
+EAGLE heads: (1) token windows from the corpus (+ optional self-distillation), split by file into
+train / held-out; (2) the frozen target's features over them, cached in DIR/features in shards;
+(3) training (train/eagle.py), checkpointed in DIR/checkpoint.pt; (4) the head written to DIR in the
+HF or speculators layout. Every stage resumes: rerunning the same command continues where a
+``--time-limit`` or an interruption stopped it. ``--kind mtp`` is handed to train/mtp.py."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+# EAGLE defaults; flags left unset reach --kind mtp as None, so that train/mtp.py applies its own.
+EAGLE_DEFAULTS = dict(seq_len=512, corpus_tokens=100_000, distill=0, distill_tokens=256, eval_frac=0.05,
+                      draft_vocab=8192, ttt_steps=3, steps=1000, batch_size=4, lr=1e-3, eval_every=100,
+                      save_every=100)
+_FEATURE_KEYS = ("seq_len", "corpus_tokens", "distill", "distill_tokens", "eval_frac")  # decide the cached features
+
+
+def add_train_parser(sub, add_model_args) -> None:
+    t = sub.add_parser("train-head", help="train a draft head (EAGLE-3, EAGLE-1 or MTP) for a frozen target")
+    add_model_args(t)
+    t.add_argument("--kind", choices=("eagle3", "eagle", "mtp"), default="eagle3")
+    t.add_argument("--data", nargs="+", default=["stdlib"],
+                   help="corpus: 'stdlib' (Python's standard library source), files, directories or globs")
+    t.add_argument("--out", required=True, help="output directory (features, checkpoint, the head)")
+    d = EAGLE_DEFAULTS
+    for flag, typ, text in (
+            ("--seq-len", int, "tokens per training window"),
+            ("--corpus-tokens", int, "corpus tokens to use"),
+            ("--distill", int, "self-distillation: N chat prompts written from the corpus, answered by the target"),
+            ("--distill-tokens", int, "answer length cap"),
+            ("--eval-frac", float, "held-out share of files"),
+            ("--draft-vocab", int, "EAGLE-3 draft vocabulary size"),
+            ("--ttt-steps", int, "training-time-test steps"),
+            ("--steps", int, "optimizer steps"),
+            ("--batch-size", int, "windows per step"),
+            ("--lr", float, "peak learning rate"),
+            ("--eval-every", int, "steps between held-out evaluations"),
+            ("--save-every", int, "steps between checkpoints")):
+        key = flag[2:].replace("-", "_")
+        t.add_argument(flag, type=typ, default=None, help=f"{text} (EAGLE default {d[key]})")
+    t.add_argument("--prompts", help="extra distillation prompts: JSONL {'prompt': ...} (never Spec-Bench)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--layout", choices=("hf", "speculators"), default="hf")
+    t.add_argument("--time-limit", type=float, default=0.0, help="minutes; stop cleanly (resumable) after it")
+    t.set_defaults(func=cmd_train_head)
+
+
+def eagle_args(a) -> argparse.Namespace:
+    """The parsed arguments with EAGLE defaults for the hyperparameters left unset."""
+    return argparse.Namespace(**{**vars(a), **{k: v for k, v in EAGLE_DEFAULTS.items() if getattr(a, k, None) is None}})
+
+
+def cmd_train_head(a) -> int:
+    if a.kind == "mtp":
+        from .mtp import train_mtp_head
+
+        return train_mtp_head(a)
+    a = eagle_args(a)
+    from ..engine.engine import resolve_device_dtype
+    from ..loader import load_checkpoint
+    from ..loader.eagle_ckpt import save_head
+    from ..spec.eagle import model_key
+    from ..store import resolve_model
+    from .data import load_shards, resolve_data
+    from .eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_weight
+
+    deadline = time.time() + 60 * a.time_limit if a.time_limit > 0 else None
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    device, dtype = resolve_device_dtype(a.device, a.dtype)
+    files = resolve_data(a.data)  # validate before the (slow) model load
+    model, tok = load_checkpoint(resolve_model(a.model), dtype, device)
+    out = Path(a.out)
+    layers = _aux_layers(model, a.kind)
+    if not build_features(model, tok, files, out / "features", a, layers, deadline):
+        print("features incomplete (time limit): rerun the same command to continue")
+        return 0
+    train, held = (Windows(load_shards(out / "features", s), a.kind == "eagle") for s in ("train", "eval"))
+    print(f"features: {sum(train.lens)} training tokens in {len(train)} windows, {sum(held.lens)} held out")
+    draft_ids = draft_vocabulary(train, a.draft_vocab, sorted(tok.eos_ids), model.cfg.vocab_size)
+    head = new_head(model, a.kind, draft_ids, a.seed, verifier=model_key(a.model)).float()
+    w = target_head_weight(model).float()
+    w_labels = w[draft_ids] if a.kind == "eagle3" else w
+    cov = float(torch.isin(train.argmax, draft_ids).float().mean())
+    print(f"draft vocabulary: {len(draft_ids)} tokens, covering {100 * cov:.1f}% of the target's training tokens")
+    cfg = TrainConfig(kind=a.kind, draft_vocab=a.draft_vocab, ttt_steps=a.ttt_steps, steps=a.steps,
+                      batch_size=a.batch_size, lr=a.lr, eval_every=a.eval_every, save_every=a.save_every, seed=a.seed)
+    res = fit(head, w_labels, train, held, cfg, out, device, deadline)
+    if not res["done"]:
+        print(f"stopped at step {res['step']}/{cfg.steps} (time limit): rerun the same command to resume")
+        return 0
+    save_head(head, out, a.layout, dtype=torch.bfloat16)
+    ev = res["eval"]
+    if ev is not None:
+        (out / "train_report.json").write_text(json.dumps({"steps": res["step"], "eval": ev}, indent=1) + "\n")
+        print(f"held-out top-1 agreement per draft step: {' '.join(f'{x:.3f}' for x in ev['top1'])}")
+    print(f"saved {a.kind} head to {out}")
+    return 0
+
+
+def _aux_layers(model, kind: str) -> tuple[int, ...]:
+    from ..models.eagle import default_aux_layers
+
+    return default_aux_layers(model.cfg.num_layers) if kind == "eagle3" else ()
+
+
+def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
+    """Extracts (or resumes extracting) the target's features of the train and held-out windows;
+    False if the deadline came first."""
+    from .data import (check_prompt_file, distill_prompts, extract_shard, is_heldout, sample_windows,
+                       write_manifest)
+
+    settings = {"model": str(a.model), "data": list(a.data), "layers": list(layers), "seed": a.seed,
+                **{k: getattr(a, k) for k in _FEATURE_KEYS}, "prompts": a.prompts}
+    write_manifest(fdir, settings)
+    held = [f for f in files if is_heldout(f, a.eval_frac)] or files[-1:]
+    held_set = set(held)
+    train = [f for f in files if f not in held_set] or files
+    extra = []
+    if a.prompts:
+        check_prompt_file(a.prompts)
+        lines = Path(a.prompts).read_text().splitlines()
+        extra = [json.loads(x)["prompt"] if x.lstrip().startswith("{") else x for x in lines if x.strip()]
+    n_eval = max(1, round(a.distill * a.eval_frac)) if a.distill else 0
+    for split, fs, budget, n_distill, seed in (
+            ("train", train, a.corpus_tokens, a.distill, a.seed),
+            ("eval", held, max(2048, int(a.corpus_tokens * a.eval_frac)), n_eval, a.seed + 1)):
+        windows = sample_windows(tok, fs, a.seq_len, budget, seed)
+        if n_distill:
+            prompts = distill_prompts(fs, n_distill, seed) + (extra if split == "train" else [])
+            got = _distill(model, tok, prompts, fdir / f"distill_{split}.json", a, deadline)
+            if got is None:
+                return False
+            windows += [s[:a.seq_len] for s in got]
+        for i in range(0, len(windows), 16):
+            f = fdir / f"{split}_shard_{i // 16:05d}.pt"
+            if f.exists():
+                continue
+            if deadline is not None and time.time() > deadline:
+                return False
+            torch.save(extract_shard(model, windows[i:i + 16], layers), f)
+            print(f"features {split}: {min(i + 16, len(windows))}/{len(windows)} windows", flush=True)
+    return True
+
+
+def _distill(model, tok, prompts: list[str], cache: Path, a, deadline) -> list[list[int]] | None:
+    """The target's answers, 16 prompts at a time, cached in ``cache`` (resumable); None at the deadline."""
+    from .data import self_distill
+
+    done = json.loads(cache.read_text()) if cache.exists() else []
+    dtype = str(model.dtype).removeprefix("torch.")
+    while len(done) < len(prompts):
+        if deadline is not None and time.time() > deadline:
+            return None
+        done += self_distill(model, tok, prompts[len(done):len(done) + 16], a.distill_tokens, 16, dtype)
+        cache.write_text(json.dumps(done))
+        print(f"self-distillation: {len(done)}/{len(prompts)} answers", flush=True)
+    return done

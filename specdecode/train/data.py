@@ -1,0 +1,208 @@
+"""Training data for draft heads: a local corpus (by default the Python standard library's source),
+optional self-distillation (the target's own greedy answers to chat prompts written from the stdlib),
+and the frozen target's features over it, cached on disk in shards.
+
+Spec-Bench's prompts are evaluation data: they are never read here, and a prompt file under a
+``spec_bench`` directory is refused. The held-out slice is chosen by file, so no evaluation window
+shares a file with a training window."""
+from __future__ import annotations
+
+import ast
+import glob
+import hashlib
+import json
+import random
+import sysconfig
+from pathlib import Path
+
+import torch
+
+from ..errors import InvalidRequestError
+
+_TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's own .py sources (no site-packages, no test suites)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = ("site-packages", "test", "tests", "idlelib", "__pycache__")
+    return sorted(p for p in root.rglob("*.py") if not set(p.relative_to(root).parts[:-1]) & set(skip))
+
+
+def resolve_data(specs: list[str]) -> list[Path]:
+    """``--data`` values: ``stdlib``, files, directories (their text files, recursively) or globs."""
+    files: list[Path] = []
+    for s in specs:
+        if s == "stdlib":
+            files += stdlib_files()
+        elif Path(s).is_dir():
+            files += sorted(p for p in Path(s).rglob("*") if p.suffix in _TEXT_SUFFIXES and p.is_file())
+        elif Path(s).is_file():
+            files.append(Path(s))
+        elif glob.has_magic(s):
+            files += sorted(Path(p) for p in glob.glob(s, recursive=True) if Path(p).is_file())
+        else:
+            raise InvalidRequestError(f"--data {s}: no such file, directory or pattern")
+    if not files:
+        raise InvalidRequestError("--data matched no files")
+    return files
+
+
+def is_heldout(path: Path, frac: float) -> bool:
+    """Deterministic held-out choice by file name (stable across runs and machines)."""
+    h = int(hashlib.sha1(path.name.encode()).hexdigest()[:8], 16)
+    return h / 0xFFFFFFFF < frac
+
+
+def sample_windows(tokenizer, files: list[Path], seq_len: int, budget: int, seed: int) -> list[list[int]]:
+    """Up to ``budget`` tokens in windows of at most seq_len tokens: one window at a random offset
+    from each file in a seeded random order (variety over depth)."""
+    rng = random.Random(seed)
+    order = list(files)
+    rng.shuffle(order)
+    out, total = [], 0
+    for f in order:
+        if total >= budget:
+            break
+        try:
+            ids = tokenizer.encode(f.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        if len(ids) < 64:
+            continue
+        start = rng.randrange(0, max(1, len(ids) - seq_len))
+        w = ids[start:start + seq_len]
+        out.append(w)
+        total += len(w)
+    return out
+
+
+_CODE_TEMPLATES = (
+    "Explain what this Python function from the `{m}` module does:\n\n```python\n{s}\n```",
+    "Write a Python function `{n}` that does the following: {d}",
+    "What is `{m}.{n}` in the Python standard library used for? Give a short example.",
+    "Add type hints and comments to this code and explain your changes:\n\n```python\n{s}\n```",
+    "Write unit tests with pytest for this function:\n\n```python\n{s}\n```",
+)
+# Prose tasks over the same material, so that the head also sees the target's conversational answers.
+_TEXT_TEMPLATES = (
+    "In plain words, what does this sentence from Python's documentation mean? \"{d}\"",
+    "Translate into {lang}: \"{d}\"",
+    "Summarize the following text in two or three sentences:\n\n{doc}",
+    "Read this text and list its three most important points:\n\n{doc}",
+    "Write a short story (about 120 words) about a programmer who discovers the `{m}` module.",
+    "Write a short poem about {topic}.",
+    "You are a senior developer mentoring a junior colleague. Explain, in character, why `{m}.{n}` is useful.",
+    "Write a polite email to a colleague proposing to use `{m}` in our project. Mention: {d}",
+    "Give three pros and three cons of {topic}.",
+)
+_LANGS = ("French", "German", "Spanish", "Italian", "Chinese", "Japanese")
+
+
+def _math_prompt(rng: random.Random) -> str:
+    a, b, c = rng.randint(3, 60), rng.randint(2, 25), rng.randint(2, 9)
+    return rng.choice((
+        f"A shop sells notebooks for {b} dollars each. Anna buys {a} notebooks and pays with {a * b + c * 10} "
+        f"dollars. How much change does she get? Explain step by step.",
+        f"What is {a} times {b}, plus {c}? Show your reasoning.",
+        f"A train travels {a * c} km in {c} hours. What is its average speed, and how far does it go in {b} hours?",
+        f"Solve for x: {c}x + {a} = {c * b + a}. Explain each step.",
+        f"If {a} workers build a wall in {b} days, how long would {a * 2} workers take? Explain your reasoning.",
+    ))
+
+
+def distill_prompts(files: list[Path], n: int, seed: int) -> list[str]:
+    """n chat prompts written from the given Python files: code tasks about their functions, prose
+    tasks about their documentation (explain, translate, summarize, stories, roleplay, emails) and
+    synthetic arithmetic word problems."""
+    rng = random.Random(seed)
+    funcs: list[tuple[str, str, str, str]] = []  # (module, name, first doc line, source)
+    docs: list[str] = []  # module docstrings, a paragraph or two
+    for f in rng.sample(files, min(len(files), 2 * n + 20)):
+        try:
+            text = f.read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+            continue
+        if ast.get_docstring(tree) and len(ast.get_docstring(tree)) > 200:
+            docs.append(ast.get_docstring(tree)[:1200])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and not node.name.startswith("_"):
+                src = "\n".join((ast.get_source_segment(text, node) or "").splitlines()[:30])
+                funcs.append((f.stem, node.name, ast.get_docstring(node).strip().splitlines()[0], src))
+    if not funcs:
+        return []
+    out = []
+    for _ in range(n):
+        m, name, d, src = rng.choice(funcs)
+        kind = rng.random()
+        if kind < 0.15:
+            out.append(_math_prompt(rng))
+            continue
+        template = rng.choice(_CODE_TEMPLATES if kind < 0.5 else _TEXT_TEMPLATES)
+        topic = rng.choice((f"the Python module {m}", d.rstrip(".").lower(), f"writing {name.replace('_', ' ')} code"))
+        out.append(template.format(m=m, n=name, d=d, s=src, lang=rng.choice(_LANGS), topic=topic,
+                                   doc=rng.choice(docs) if docs else d))
+    return out
+
+
+def self_distill(model, tokenizer, prompts: list[str], max_new: int, batch: int, dtype: str) -> list[list[int]]:
+    """prompt + the target's greedy answer, as token ids (chat template when the tokenizer has one)."""
+    from ..llm import LLM
+    from ..sampling_params import SamplingParams
+
+    llm = LLM(spec_type="none", dtype=dtype, max_num_seqs=batch, max_model_len=2048, _model=model, _tokenizer=tokenizer)
+    chat = getattr(tokenizer, "chat_template", None)
+    enc = [llm.encode_chat([{"role": "user", "content": p}]) if chat else tokenizer.encode(p) for p in prompts]
+    outs = llm.generate(enc, SamplingParams(temperature=0, max_tokens=max_new))
+    return [e + o.token_ids for e, o in zip(enc, outs)]
+
+
+def check_prompt_file(path: str) -> None:
+    if "spec_bench" in Path(path).resolve().as_posix():
+        raise InvalidRequestError(f"{path}: Spec-Bench prompts are evaluation data and must not be trained on")
+
+
+@torch.inference_mode()
+def extract_shard(model, windows: list[list[int]], layers: tuple[int, ...], batch: int = 4) -> dict:
+    """The frozen target over token windows: per token the captured layer outputs (concatenated,
+    [N, len(layers) * H]; None without layers), the final normed hidden [N, H] (bfloat16), and the
+    target's argmax [N]; windows concatenated (``lens`` gives their lengths)."""
+    from ..engine.kv_cache import KVCache
+    from ..engine.model_runner import ModelRunner
+
+    c = model.cfg
+    longest = max(len(w) for w in windows)
+    kv = KVCache(c.num_layers, batch, longest, c.num_kv_heads, c.head_dim, model.dtype, model.device)
+    runner = ModelRunner(model, kv)
+    feats, finals, argmax = [], [], []
+    for i in range(0, len(windows), batch):
+        group = windows[i:i + batch]
+        slots = [kv.allocate() for _ in group]
+        _, hidden, cap = runner.forward(slots, group, logits=False, capture_layers=layers)
+        for b, w in enumerate(group):
+            n = len(w)
+            final = hidden[b, :n]
+            feats.append(torch.cat([cap[j][b, :n] for j in layers], -1).to(torch.bfloat16).cpu() if layers else None)
+            finals.append(final.to(torch.bfloat16).cpu())
+            # full-vocabulary argmax in row chunks: [n, V] logits of a whole window would be large
+            argmax.append(torch.cat([model.compute_logits(final[j:j + 128]).argmax(-1)
+                                     for j in range(0, n, 128)]).to(torch.int32).cpu())
+        for s in slots:
+            kv.free(s)
+    lens = torch.tensor([len(w) for w in windows])
+    return {"ids": torch.tensor([t for w in windows for t in w], dtype=torch.int32), "lens": lens,
+            "feats": torch.cat(feats) if layers else None, "final": torch.cat(finals), "argmax": torch.cat(argmax)}
+
+
+def load_shards(directory: Path, split: str) -> list[dict]:
+    return [torch.load(p, weights_only=True) for p in sorted(directory.glob(f"{split}_shard_*.pt"))]
+
+
+def write_manifest(directory: Path, settings: dict) -> None:
+    """Refuses to extend a feature cache built with different settings (a silent mix would corrupt training)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    f = directory / "manifest.json"
+    if f.exists() and json.loads(f.read_text()) != settings:
+        raise InvalidRequestError(f"{directory} holds features built with other settings: use another --out")
+    f.write_text(json.dumps(settings, indent=1, sort_keys=True))

@@ -1,0 +1,371 @@
+"""EAGLE heads: published checkpoint layouts, the head's math, tree drafting against a brute-force
+reference, lossless output (greedy identical, sampled distribution) and training."""
+import json
+
+import pytest
+import torch
+
+from specdecode import LLM, SamplingParams
+from specdecode.engine.kv_cache import KVCache
+from specdecode.engine.model_runner import ModelRunner
+from specdecode.errors import ModelFileError
+from specdecode.loader.eagle_ckpt import load_head, save_head
+from specdecode.models.eagle import EagleConfig, attend, init_head
+from tiny_models import CharTokenizer, hf_model, ours_from_hf
+
+F64 = torch.float64
+GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [1, 2, 3, 1, 2, 3, 100, 200, 1, 2], [42]]
+KNOBS = [(3, 1, 4), (3, 2, 6), (4, 4, 10)]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run many small ops: one thread is several times faster on a busy shared CPU."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def target(bigram: bool = False):
+    """The tiny float64 target; ``bigram``: attention and MLP outputs zeroed, so the next token is a
+    function of the current one only (a head can then agree with it exactly)."""
+    m = ours_from_hf(hf_model("llama", dtype=F64), dtype=F64).model
+    if bigram:
+        with torch.no_grad():
+            for layer in m.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            m.norm.weight.fill_(1.0)
+    return m
+
+
+def head_cfg(m, kind="eagle3", draft_vocab=None, **kw) -> EagleConfig:
+    c = m.cfg
+    base = dict(kind=kind, hidden_size=c.hidden_size, intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=16,
+                vocab_size=c.vocab_size, draft_vocab_size=draft_vocab or c.vocab_size,
+                target_hidden_size=c.hidden_size, aux_layers=(0, 1, 2) if kind == "eagle3" else ())
+    return EagleConfig(**{**base, **kw})
+
+
+def random_head(m, seed=1, draft_vocab=200):
+    head = init_head(head_cfg(m, draft_vocab=draft_vocab), seed, std=0.15).to(F64)
+    ids = torch.randperm(m.cfg.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
+    head.d2t.copy_(ids - torch.arange(draft_vocab))
+    head.t2d.zero_()
+    head.t2d[ids] = True
+    return head
+
+
+@torch.no_grad()
+def forced_head(m, kind="eagle3", noise=0.0):
+    """A head that reproduces the bigram target: its output is the embedding of its input token.
+    EAGLE-3: hidden path muted (hidden_norm = 0, residual after it); q = k = a constant bias, so RoPE
+    makes each entry attend itself only; v passes the normed embedding. EAGLE-1: fc = [I, 0], no attention/MLP."""
+    H = m.cfg.hidden_size
+    cfg = head_cfg(m, kind, num_heads=4, num_kv_heads=4, head_dim=H // 4, attention_bias=kind == "eagle3",
+                   norm_before_residual=True)
+    head = init_head(cfg, 0).to(F64)
+    a, mid = head.midlayer.self_attn, head.midlayer
+    mid.mlp.down_proj.weight.zero_()  # no MLP
+    if kind == "eagle3":
+        mid.hidden_norm.weight.zero_()
+        for p in (a.q_proj, a.k_proj):
+            p.weight.zero_()
+            p.bias.fill_(20.0)
+        a.v_proj.weight.copy_(torch.cat([torch.eye(H), torch.zeros(H, H)], 1))
+        a.o_proj.weight.copy_(torch.eye(H))
+        w = m.lm_head.weight
+        head.lm_head.weight.copy_(w + noise * w.std() * torch.randn(w.shape, dtype=F64,
+                                                                     generator=torch.Generator().manual_seed(3)))
+        head.t2d.fill_(True)
+    else:
+        head.fc.weight.copy_(torch.cat([torch.eye(H), torch.zeros(H, H)], 1))
+        a.o_proj.weight.zero_()
+    return head
+
+
+def llm(m, spec_type="none", head=None, knobs=(3, 1, 4), dtype="float64", **kw):
+    s, k, n = knobs
+    return LLM(spec_type=spec_type, dtype=dtype, max_model_len=400, max_num_seqs=3, _model=m,
+               _tokenizer=CharTokenizer(m.cfg.vocab_size), _draft=head, num_steps=s, eagle_topk=k,
+               num_draft_tokens=n, draft_fixed=True, draft_max=n - 1, **kw)
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+def _layer_config(m):
+    c = m.cfg
+    return {"model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": 96, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "vocab_size": c.vocab_size,
+            "max_position_embeddings": 512}
+
+
+def _write(path, config, tensors, bin_file=False):
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(config))
+    tensors = {k: v.contiguous() for k, v in tensors.items()}
+    torch.save(tensors, path / "pytorch_model.bin") if bin_file else save_file(tensors, str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize("layout", ["hf-midlayer", "hf-layers0-bin", "speculators"])
+def test_load_published_layouts(tmp_path, layout):
+    m = target()
+    src = random_head(m)
+    sd = {k: v.float() if v.is_floating_point() else v for k, v in src.state_dict().items()}
+    if layout == "hf-midlayer":
+        conf = dict(_layer_config(m), architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=200,
+                    eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 2]})
+    elif layout == "hf-layers0-bin":
+        conf = dict(_layer_config(m), architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=200,
+                    eagle_aux_hidden_state_layer_ids=[1, 2, 3])  # top level: vLLM's input-of-layer ids
+        sd = {k.replace("midlayer.", "layers.0."): v for k, v in sd.items()}
+    else:
+        conf = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3", "draft_vocab_size": 200,
+                "transformer_layer_config": _layer_config(m), "eagle_aux_hidden_state_layer_ids": [1, 2, 3],
+                "norm_before_residual": False}
+        sd = {k.replace("midlayer.", "layers.0."): v for k, v in sd.items()}
+        sd["embed_tokens.weight"] = m.embed_tokens.weight.float() * 2  # a head shipping its own embedding
+    _write(tmp_path / "head", conf, sd, bin_file=layout.endswith("bin"))
+    head = load_head(tmp_path / "head", m.cfg, F64)
+    assert head.cfg.kind == "eagle3" and head.cfg.aux_layers == (0, 1, 2) and head.cfg.draft_vocab_size == 200
+    assert torch.equal(head.d2t, src.d2t) and torch.equal(head.t2d, src.t2d)
+    for name, p in src.state_dict().items():
+        if p.is_floating_point():
+            assert torch.allclose(head.state_dict()[name], p.float().to(F64)), name
+    assert (head.embed_tokens is not None) == (layout == "speculators")
+
+
+def test_load_eagle1_and_errors(tmp_path):
+    m = target()
+    src = forced_head(m, "eagle")
+    sd = {k.replace("midlayer.", "layers.0."): v.float() for k, v in src.state_dict().items()}
+    sd["fc.bias"] = torch.zeros(m.cfg.hidden_size)  # SafeAILab EAGLE-1 heads carry an fc bias
+    sd["layers.0.input_layernorm.weight"] = torch.ones(m.cfg.hidden_size)  # present, unused by EAGLE-1
+    _write(tmp_path / "e1", dict(_layer_config(m), architectures=["LlamaForCausalLM"], num_key_value_heads=4,
+                                 head_dim=16), sd)
+    head = load_head(tmp_path / "e1", m.cfg, F64)
+    assert head.cfg.kind == "eagle" and head.cfg.fc_bias and head.capture_layers == ()
+    with pytest.raises(ModelFileError, match="vocabulary"):
+        load_head(tmp_path / "e1", type(m.cfg)(**{**vars(m.cfg), "vocab_size": 500}), F64)
+    (tmp_path / "e1" / "model.safetensors").unlink()
+    with pytest.raises(ModelFileError):
+        load_head(tmp_path / "e1", m.cfg, F64)
+
+
+@pytest.mark.parametrize("layout", ["hf", "speculators"])
+def test_save_load_round_trip(tmp_path, layout):
+    m = target()
+    src = random_head(m)
+    save_head(src, tmp_path / "h", layout)
+    conf = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert ("speculators_model_type" in conf) == (layout == "speculators")
+    head = load_head(tmp_path / "h", m.cfg, F64).bind(m)
+    src.bind(m)
+    feats, ids = torch.randn(9, 3 * m.cfg.hidden_size, dtype=F64), torch.randint(0, 384, (9,))
+    for a, b in zip(head.forward_reference(feats, ids, 3), src.forward_reference(feats, ids, 3)):
+        assert torch.allclose(a, b)
+
+
+# -- the head's math -----------------------------------------------------------------------------
+def test_head_matches_written_out_formula():
+    m = target()
+    head = random_head(m).bind(m)
+    T, H = 7, m.cfg.hidden_size
+    feats, ids = torch.randn(T, 3 * H, dtype=F64), torch.randint(0, 384, (T,))
+    mid, a = head.midlayer, head.midlayer.self_attn
+
+    def rms(x, w):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    g = feats @ head.fc.weight.T
+    x = torch.cat([rms(m.embed_tokens(ids), mid.input_layernorm.weight), rms(g, mid.hidden_norm.weight)], -1)
+    q, k, v = (p(x).view(T, -1, 16).transpose(0, 1) for p in (a.q_proj, a.k_proj, a.v_proj))
+    inv = 1.0 / 10000 ** (torch.arange(0, 16, 2, dtype=F64) / 16)
+    ang = torch.arange(T, dtype=F64)[:, None] * inv
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+
+    def rope(t):
+        return t * cos + torch.cat([-t[..., 8:], t[..., :8]], -1) * sin
+    q, k = rope(q), rope(k).repeat_interleave(2, 0)
+    s = (q @ k.transpose(1, 2)) / 4.0 + torch.full((T, T), float("-inf"), dtype=F64).triu(1)
+    o = (torch.softmax(s, -1) @ v.repeat_interleave(2, 0)).transpose(0, 1).reshape(T, -1)
+    h = g + a.o_proj(o)
+    h = h + mid.mlp(rms(h, mid.post_attention_layernorm.weight))
+    want = rms(h, head.norm.weight) @ head.lm_head.weight.T
+    assert torch.allclose(head.forward_reference(feats, ids, 1)[0], want.float(), atol=1e-4)
+
+
+# -- drafting against a brute-force reference ----------------------------------------------------
+@torch.no_grad()
+def _reference_tree(head, feats, ids, steps, K, n):
+    """EAGLE-2 expansion with every node's logits recomputed from scratch along its path."""
+    T = len(ids)
+    q, k, v, res = head.qkv(head.embed(ids)[None], head.project(feats)[None], torch.arange(T)[None])
+    x0 = head.finish(attend(q, k, v, torch.ones(T, T, dtype=torch.bool).tril()[None, None]), res)[:, -1:]
+
+    def logp(path):
+        keys, vals, last = k, v, x0
+        for i, tok in enumerate(path):
+            q1, k1, v1, r1 = head.qkv(head.embed(torch.tensor([[tok]])), last, torch.tensor([[T + i]]))
+            keys, vals = torch.cat([keys, k1], 2), torch.cat([vals, v1], 2)
+            last = head.finish(attend(q1, keys, vals, None), r1)
+        return torch.log_softmax(head.logits(last[0, 0]), -1)
+
+    sc, tk = logp([]).topk(K)
+    cands = [(float(s), int(head.to_target(t)), -1, [int(head.to_target(t))]) for s, t in zip(sc, tk)]
+    front = list(range(K))
+    for _ in range(2, steps + 1):
+        new = []
+        for f in front:
+            sc, tk = (logp(cands[f][3]) + cands[f][0]).topk(K)
+            for s, t in zip(sc, tk):
+                tok = int(head.to_target(t))
+                cands.append((float(s), tok, f, cands[f][3] + [tok]))
+                new.append(len(cands) - 1)
+        front = sorted(new, key=lambda i: -cands[i][0])[:K]
+    keep = sorted(sorted(range(len(cands)), key=lambda i: (-cands[i][0], i))[:n])
+    return [cands[c][1] for c in keep], [keep.index(cands[c][2]) if cands[c][2] >= 0 else -1 for c in keep]
+
+
+@pytest.mark.parametrize("knobs", KNOBS)
+@pytest.mark.parametrize("which", ["random", "forced-noisy"])
+def test_trees_match_reference_through_rollbacks(which, knobs):
+    m = target(bigram=which != "random")
+    head = random_head(m) if which == "random" else forced_head(m, noise=0.3)
+    eng = llm(m, "eagle3", head, knobs)
+    prop = eng.engine.proposer
+    fresh = ModelRunner(m, KVCache(m.cfg.num_layers, 1, 400, m.cfg.num_kv_heads, m.cfg.head_dim, F64))
+    checked = []
+    original = prop.propose
+
+    def checking(seqs, max_tokens):
+        trees = original(seqs, max_tokens)
+        keep = [min(k, prop.max_tokens) for k in max_tokens]
+        steps = min(knobs[0], max(keep))
+        for seq, tree, n in zip(seqs, trees, keep):
+            if len(seq.tokens) < 2 or n == 0:
+                continue
+            slot = fresh.kv.allocate()
+            _, hid, cap = fresh.forward([slot], [seq.tokens[:-1]], capture_layers=prop.capture_layers)
+            fresh.kv.free(slot)
+            feats = head.features(hid[0], {i: c[0] for i, c in cap.items()})
+            want = _reference_tree(head, feats, torch.tensor(seq.tokens[1:]), steps, knobs[1], n)
+            assert (tree.tokens, tree.parents) == want
+            checked.append(len(tree))
+        return trees
+
+    prop.propose = checking
+    outs = eng.generate(PROMPTS[:2], GREEDY)
+    assert len(checked) > 10 and max(checked) == prop.max_tokens
+    if which != "random":
+        assert 0 < sum(o.stats["spec"]["accepted_tokens"] for o in outs)
+
+
+# -- lossless output -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def plain():
+    return {b: [o.token_ids for o in llm(target(b)).generate(PROMPTS, GREEDY)] for b in (False, True)}
+
+
+@pytest.mark.parametrize("knobs", KNOBS)
+@pytest.mark.parametrize("which", ["random", "forced", "forced-noisy", "eagle1"])
+def test_greedy_identical(plain, which, knobs):
+    bigram = which != "random"
+    m = target(bigram)
+    head = {"random": lambda: random_head(m), "forced": lambda: forced_head(m),
+            "forced-noisy": lambda: forced_head(m, noise=0.3), "eagle1": lambda: forced_head(m, "eagle")}[which]()
+    eng = llm(m, "eagle" if which == "eagle1" else "eagle3", head, knobs)
+    single, batched = [eng.generate(p, GREEDY)[0] for p in PROMPTS], eng.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in single] == plain[bigram]
+    assert [o.token_ids for o in batched] == plain[bigram]
+    tau = single[0].stats["spec"]["mean_acceptance_length"]
+    if which in ("forced", "eagle1"):  # every draft on the best path is right (flat draft distributions
+        assert tau > 2.0              # make trees (3,2,6) / (4,4,10) bushy rather than deep)
+    if which == "random":
+        assert tau < 1.5
+
+
+def test_greedy_identical_with_int8_head_in_float32():
+    """float32 on the CPU: the proposer quantizes the head to int8 (cheaper drafts, same output)."""
+    m = target(bigram=True).float()
+    eng = llm(m, "eagle3", forced_head(m).float(), (3, 2, 6), dtype="float32")
+    assert type(eng.engine.proposer.head.lm_head).__name__ == "Int8Linear"
+    outs = eng.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in llm(m, dtype="float32").generate(PROMPTS, GREEDY)]
+    assert outs[0].stats["spec"]["mean_acceptance_length"] > 2.0
+
+
+def test_sampled_first_tokens_follow_the_target():
+    """End-to-end sanity at temperature > 0 (the accept rule has its own statistical tests): with a head
+    whose deterministic draft (the target's argmax) is accepted part of the time, the joint law of the
+    first two tokens matches the target's."""
+    from dataclasses import replace
+
+    from specdecode.sampling import process_logits
+
+    m = target(bigram=True)
+    params = SamplingParams(temperature=1.0, top_k=3, max_tokens=2, ignore_eos=True)
+    eng = LLM(spec_type="eagle3", dtype="float64", max_model_len=64, max_num_seqs=16, _model=m,
+              _tokenizer=CharTokenizer(m.cfg.vocab_size), _draft=forced_head(m), draft_fixed=True,
+              draft_max=3).engine
+    prompt, n = PROMPTS[1], 800
+    seqs = [eng.add_request(prompt, replace(params, seed=i)) for i in range(n)]
+    while eng.has_work():
+        eng.step()
+    runner = ModelRunner(m, KVCache(m.cfg.num_layers, 1, 64, m.cfg.num_kv_heads, m.cfg.head_dim, F64))
+
+    def dist(ids):
+        slot = runner.kv.allocate()
+        logits, _, _ = runner.forward([slot], [ids], last_only=True)
+        runner.kv.free(slot)
+        return process_logits(logits, params)[0]
+
+    p1 = dist(prompt)
+    exact = {(a, b): float(p1[a] * dist(prompt + [a])[b]) for a in p1.nonzero().flatten().tolist()
+             for b in dist(prompt + [a]).nonzero().flatten().tolist()}
+    counts: dict = {}
+    for s in seqs:
+        counts[tuple(s.output_ids)] = counts.get(tuple(s.output_ids), 0) + 1
+    assert set(counts) <= set(exact)
+    tv = 0.5 * sum(abs(counts.get(k, 0) / n - p) for k, p in exact.items())
+    assert tv < 0.08, tv  # 9 cells, n = 800: sampling noise gives TV ≈ 0.03; a wrong rule gives > 0.2
+    assert sum(s.stats.accepted_tokens for s in seqs) > 0.2 * n  # drafts were really accepted
+
+
+def test_training_makes_the_head_agree(tmp_path):
+    """train/eagle.py end to end on the bigram target: top-1 agreement rises, a resumed run is a no-op,
+    the trained head keeps greedy output identical and drafts accepted tokens."""
+    from specdecode.train.data import extract_shard
+    from specdecode.train.eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_weight
+
+    m = target(bigram=True)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 384, (4,), generator=g).tolist() for _ in range(24)]
+    outs = llm(m).generate(prompts, SamplingParams(temperature=0, max_tokens=28, ignore_eos=True))
+    seqs = [p + o.token_ids for p, o in zip(prompts, outs)]
+    train, held = (Windows([extract_shard(m, s, (0, 1, 2))], False) for s in (seqs[:20], seqs[20:]))
+    ids = draft_vocabulary(train, 128, [], 384)
+    head = new_head(m, "eagle3", ids, 0).float()  # taps (0, 1, 2): the default for shallow targets
+    w = target_head_weight(m).float()[ids]
+    cfg = TrainConfig(steps=60, batch_size=4, lr=3e-3, warmup=5, eval_every=60, save_every=20)
+    res = fit(head, w, train, held, cfg, tmp_path, "cpu", progress=False)
+    assert res["done"] and res["eval"]["top1"][0] > 0.4
+    again = fit(head, w, train, held, cfg, tmp_path, "cpu", progress=False)  # resumes at the last step
+    assert again["step"] == 60 and again["eval"] == res["eval"]
+    save_head(head, tmp_path / "head")
+    outs = llm(m, "eagle3", load_head(tmp_path / "head", m.cfg, F64)).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in llm(m).generate(PROMPTS, GREEDY)]
+    assert sum(o.stats["spec"]["accepted_tokens"] for o in outs) > 0
+
+
+def test_train_head_arguments():
+    """EAGLE defaults fill unset flags; --kind mtp receives None for them (train/mtp.py has its own)."""
+    from specdecode.cli import build_parser
+    from specdecode.train.cli import EAGLE_DEFAULTS, eagle_args
+
+    a = build_parser().parse_args(["train-head", "--model", "m", "--out", "o", "--steps", "7"])
+    assert a.kind == "eagle3" and a.data == ["stdlib"] and a.lr is None and a.prompts is None
+    e = eagle_args(a)
+    assert e.steps == 7 and e.lr == EAGLE_DEFAULTS["lr"] and e.prompts is None and e.model == "m"
