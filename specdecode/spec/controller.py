@@ -13,7 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-PRIOR_ALPHA = 0.5  # prior acceptance per position
+# Optimistic prior: a request that has never drafted must find drafting worth a try, or it never
+# measures its acceptance (with 0.5, a verify of 2 tokens costing > 1.5x one step locks k at 0).
+# Measured rejections outweigh the prior within a few steps; decay brings it back for a re-probe.
+PRIOR_ALPHA = 0.8  # prior acceptance per position
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
 DECAY = 0.97  # per-step decay of the counts (≈ the last 30 steps matter)
 EMA = 0.2  # weight of a new cost measurement
