@@ -20,5 +20,5 @@ build() {  # build NAME EXTRA_TRAIN_ARGS...
     echo "heads/$name-eagle3 rebuilt"
 }
 
-build smollm2-135m-instruct --dtype bfloat16 --seq-len 512 --corpus-tokens 40000 --distill 48 \
-    --distill-tokens 256 --draft-vocab 8192 --steps 400 --batch-size 4 --lr 2e-3 --eval-every 50 --save-every 25
+build smollm2-135m-instruct --dtype bfloat16 --seq-len 512 --corpus-tokens 16000 --distill 240 \
+    --distill-tokens 192 --draft-vocab 8192 --steps 400 --batch-size 4 --lr 2e-3 --eval-every 50 --save-every 25

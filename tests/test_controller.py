@@ -27,3 +27,14 @@ def test_cost_model_scales_unmeasured_shapes_pessimistically():
     c.observe(1, 1, 0.1)
     assert c.verify_cost(1, 1) == 0.1
     assert abs(c.verify_cost(1, 3) - 0.3) < 1e-12  # linear upper bound until measured
+
+
+def test_engine_calibrates_verify_costs_with_a_single_slot():
+    """With one KV slot the calibration must run before the request takes it, or v(t > 1) is never
+    measured and the pessimistic default keeps every draft length at 0."""
+    from specdecode import SamplingParams
+    from tiny_models import tiny_llm
+
+    llm = tiny_llm("ngram", max_num_seqs=1, draft_max=3)
+    llm.generate([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert {(1, t) for t in range(1, 5)} <= set(llm.engine.costs.v)

@@ -116,6 +116,7 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """Admits waiting requests, advances prefills by one chunk, and runs one speculative step
         for every fully prefilled sequence. Returns the visible text each advanced sequence gained."""
+        self._maybe_calibrate()  # before admission: it needs a free slot
         while self.waiting and self.kv.free_slots:
             seq = self.waiting.popleft()
             if self.prefix_cache is not None:
@@ -129,7 +130,6 @@ class Engine:
         ready = [s for s in self.running if s.num_prefilled >= len(s.prompt_ids) - 1 and not s.finished]
         outputs = []
         if ready:
-            self._maybe_calibrate()
             ks = [self._draft_length(s, len(ready)) for s in ready]
             results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
             self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)

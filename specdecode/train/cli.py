@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import InvalidRequestError
+
 # EAGLE defaults; flags left unset reach --kind mtp as None, so that train/mtp.py applies its own.
 EAGLE_DEFAULTS = dict(seq_len=512, corpus_tokens=100_000, distill=0, distill_tokens=256, eval_frac=0.05,
                       draft_vocab=8192, ttt_steps=3, steps=1000, batch_size=4, lr=1e-3, eval_every=100,
@@ -48,7 +50,7 @@ def add_train_parser(sub, add_model_args) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--layout", choices=("hf", "speculators"), default="hf")
     t.add_argument("--time-limit", type=float, default=0.0, help="minutes; stop cleanly (resumable) after it")
-    t.set_defaults(func=cmd_train_head)
+    t.set_defaults(func=cmd_train_head, quant="none")
 
 
 def eagle_args(a) -> argparse.Namespace:
@@ -62,6 +64,9 @@ def cmd_train_head(a) -> int:
 
         return train_mtp_head(a)
     a = eagle_args(a)
+    if getattr(a, "quant", "none") != "none":
+        raise InvalidRequestError("train-head runs the target with float weights (--quant none): the labels "
+                                  "read its LM head rows")
     from ..engine.engine import resolve_device_dtype
     from ..loader import load_checkpoint
     from ..loader.eagle_ckpt import save_head
