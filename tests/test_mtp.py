@@ -1,6 +1,7 @@
 """MTP heads (--spec-type draft-mtp): the module against transformers' decoder layer, GGUF nextn and HF
 layouts written and read back, attach-mtp keeping every original byte, greedy output identical to plain
-greedy, and the one-line error for a model without heads."""
+greedy, the one-line error for a model without heads, and training (chained passes, seeded, resumable)."""
+import dataclasses
 import json
 
 import numpy as np
@@ -30,14 +31,15 @@ def head_weights(hf, seed: int = 1, oracle: bool = False, own_head: bool = False
     other = hf_model(hf.config.model_type, seed=seed, dtype=torch.float64)
     w = {k.replace("model.layers.0.", "layers.0."): v.clone() for k, v in other.state_dict().items()
          if k.startswith("model.layers.0.")}
-    H = hf.config.hidden_size
-    g = torch.Generator().manual_seed(seed)
-    w["layers.0.enorm.weight"] = 1 + 0.1 * torch.randn(H, generator=g, dtype=torch.float64)
-    w["layers.0.hnorm.weight"] = 1 + 0.1 * torch.randn(H, generator=g, dtype=torch.float64)
-    w["layers.0.eh_proj.weight"] = torch.randn(H, 2 * H, generator=g, dtype=torch.float64) / (2 * H) ** 0.5
-    w["layers.0.shared_head.norm.weight"] = 1 + 0.1 * torch.randn(H, generator=g, dtype=torch.float64)
+    H, g = hf.config.hidden_size, torch.Generator().manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        w[f"layers.0.{norm}.weight"] = 1 + 0.1 * randn(H)
+    w["layers.0.eh_proj.weight"] = randn(H, 2 * H) / (2 * H) ** 0.5
     if own_head:
-        w["layers.0.shared_head.head.weight"] = torch.randn(hf.config.vocab_size, H, generator=g, dtype=torch.float64)
+        w["layers.0.shared_head.head.weight"] = randn(hf.config.vocab_size, H)
     if oracle:
         w["layers.0.self_attn.o_proj.weight"].zero_()
         w["layers.0.mlp.down_proj.weight"].zero_()
@@ -97,7 +99,8 @@ def test_module_matches_transformers_layer(model_type):
             outs.append(head(0, ids[:, a:b], hidden[:, a:b], pos[:, a:b], target))
     g_cache = torch.cat(outs, 1)
     torch.testing.assert_close(g_cache, g_explicit, rtol=0, atol=1e-12)
-    torch.testing.assert_close(head.compute_logits(0, g_cache, target).double(), ref_logits, rtol=1e-6, atol=1e-5)  # float32 logits
+    logits = head.compute_logits(0, g_cache, target).double()  # float32 logits
+    torch.testing.assert_close(logits, ref_logits, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2"])
@@ -109,8 +112,8 @@ def test_gguf_attach_roundtrip(tmp_path, model_type):
     w = head_weights(hf)
     attach_mtp(src, make_head(hf, w), out)
     a, b = GGUFFile(src), GGUFFile(out)
-    assert b.metadata[f"{b.metadata['general.architecture']}.nextn_predict_layers"] == 1
     arch = a.metadata["general.architecture"]
+    assert b.metadata[f"{arch}.nextn_predict_layers"] == 1
     assert b.metadata[f"{arch}.block_count"] == a.metadata[f"{arch}.block_count"] + 1
     assert set(b.metadata) - set(a.metadata) == {f"{arch}.nextn_predict_layers"}
     for k, v in a.metadata.items():  # every other entry copied with its value (and type, for numbers)
@@ -120,21 +123,17 @@ def test_gguf_attach_roundtrip(tmp_path, model_type):
         assert np.array_equal(a.raw(info), b.raw(b.tensors[name])), name
     L = hf.config.num_hidden_layers
     assert f"blk.{L}.nextn.eh_proj.weight" in b.tensors and f"blk.{L}.attn_q.weight" in b.tensors
-    assert read_gguf_config(out) == read_gguf_config(src).__class__(**{**read_gguf_config(src).__dict__,
-                                                                       "num_nextn_layers": 1})
+    assert read_gguf_config(out) == dataclasses.replace(read_gguf_config(src), num_nextn_layers=1)
     back = dict(load_mtp_head(out, dtype=torch.float64).hf_tensors())
     for name, t in w.items():  # matrices were stored as F16
         expect = t.half().double() if t.ndim > 1 else t.float().double()
         torch.testing.assert_close(back[name], expect, rtol=0, atol=0, msg=name)
-    ids = [[3, 1, 4, 1, 5, 9, 2, 6]]
-    for path in (src, out):  # the main model ignores the MTP block
-        m = load_gguf_model(path, torch.float64)
+
+    def logits(path):  # the main model ignores the MTP block
         runner = ours_from_hf(hf, torch.float64)
-        runner.model = m
-        logits = runner.forward([runner.kv.allocate()], ids)[0]
-        if path == src:
-            ref = logits
-    torch.testing.assert_close(logits, ref, rtol=0, atol=0)
+        runner.model = load_gguf_model(path, torch.float64)
+        return runner.forward([runner.kv.allocate()], [[3, 1, 4, 1, 5, 9, 2, 6]])[0]
+    torch.testing.assert_close(logits(out), logits(src), rtol=0, atol=0)
 
 
 def test_hf_layout_and_head_dir(tmp_path):
@@ -159,6 +158,12 @@ def test_hf_layout_and_head_dir(tmp_path):
     save_head_dir(head, tmp_path / "head", {"base_model": "tiny"}, dtype=torch.float64)
     again = dict(load_mtp_head(tmp_path / "head", head.cfg.model, torch.float64).hf_tensors())
     assert again.keys() == got.keys() and all(torch.equal(again[k], got[k]) for k in got)
+    write_gguf(hf, tmp_path / "m.gguf")  # the command, from the head directory (own head and embedding)
+    assert cli_main(["attach-mtp", "--model", str(tmp_path / "m.gguf"), "--head", str(tmp_path / "head"),
+                     "--out", str(tmp_path / "o.gguf")]) == 0
+    back = dict(load_mtp_head(tmp_path / "o.gguf", dtype=torch.float64).hf_tensors())
+    assert back.keys() == got.keys()
+    assert all(torch.equal(back[k], (got[k].half() if got[k].ndim > 1 else got[k].float()).double()) for k in got)
 
 
 def mtp_llm(tmp_path, scale: float, oracle: bool, **kw):
@@ -218,38 +223,23 @@ def test_recomputed_hidden_matches_verify_and_leaves_cache(tmp_path):
 
 
 def test_model_without_heads_is_a_clear_error(tmp_path):
-    hf = hf_model("llama", dtype=torch.float64)
-    src = tmp_path / "plain.gguf"
+    hf, src = hf_model("llama", dtype=torch.float64), tmp_path / "plain.gguf"
     write_gguf(hf, src)
     model = ours_from_hf(hf, torch.float64).model
     with pytest.raises(ModelFileError, match="has no MTP heads.*attach-mtp"):
         LLM(str(src), _model=model, _tokenizer=CharTokenizer(384), spec_type="draft-mtp", dtype="float64")
 
 
-def smollm2_path():
-    try:
-        from specdecode.store import resolve_model
-        return resolve_model("smollm2-135m-instruct", quiet=True)
-    except Exception as e:  # no network: optional
-        pytest.skip(f"SmolLM2 GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-
-
 @pytest.mark.integration
 def test_cli_without_heads_prints_one_line(capsys):
-    path = smollm2_path()
+    from specdecode.store import resolve_model
+    try:
+        path = resolve_model("smollm2-135m-instruct", quiet=True)
+    except Exception as e:  # no network: optional
+        pytest.skip(f"SmolLM2 GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
     assert cli_main(["generate", "--model", str(path), "--spec-type", "draft-mtp", "-p", "x", "-n", "2"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has no MTP heads" in err[0] and "attach-mtp" in err[0], err
-
-
-def test_attach_mtp_command(tmp_path):
-    hf = hf_model("llama", dtype=torch.float64)
-    src = tmp_path / "m.gguf"
-    write_gguf(hf, src)
-    save_head_dir(make_head(hf, head_weights(hf)), tmp_path / "head")
-    assert cli_main(["attach-mtp", "--model", str(src), "--head", str(tmp_path / "head"),
-                     "--out", str(tmp_path / "o.gguf")]) == 0
-    assert mtp_layer_count(tmp_path / "o.gguf") == 1
 
 
 def test_training_passes_equal_chained_drafting():

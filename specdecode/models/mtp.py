@@ -162,7 +162,8 @@ class MTPHead(nn.Module):
                 sizes = self._split_sizes(target.split(".")[-2])
                 p = p.narrow(0, sum(sizes[:shard]), sizes[shard])
             if tuple(tensor.shape) != tuple(p.shape):
-                raise ModelFileError(f"MTP tensor {name} has shape {list(tensor.shape)}, the model needs {list(p.shape)}")
+                raise ModelFileError(f"MTP tensor {name} has shape {list(tensor.shape)}, the model needs "
+                                     f"{list(p.shape)}")
             with torch.no_grad():
                 p.copy_(tensor)
             seen.add(f"{target}#{shard}")

@@ -157,7 +157,8 @@ def evaluate(head, target_model, held: dict[str, list[tuple]], passes: int) -> d
     with torch.no_grad():
         for name, batch in held.items():
             for ids, hidden, best in batch:
-                for s, g in enumerate(chained_explicit(head, target_model, ids[:, 1:], hidden[:, :-1], passes), start=1):
+                passes_g = chained_explicit(head, target_model, ids[:, 1:], hidden[:, :-1], passes)
+                for s, g in enumerate(passes_g, start=1):
                     pred = (head.layers[0].shared_head.norm(g[:, s - 1:]) @ w.T).argmax(-1)
                     acc[name][s - 1] += (pred == best[:, s:]).float().mean().item() / len(batch)
     return {name: [round(x, 4) for x in v] for name, v in acc.items()}
