@@ -22,6 +22,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default=_ENG["quant"], choices=("auto", "none", "int8", "int4"),
                    help="weight format of the linear layers (auto: closest to the GGUF's own bit width)")
     p.add_argument("--device", default=_ENG["device"], help="auto | cpu | cuda")
+    p.add_argument("--kv-cache-dtype", default=_ENG["kv_cache_dtype"],
+                   help="auto | float32 | bfloat16 | float16 (auto: bfloat16 for quantized weights on CPU)")
     p.add_argument("--threads", "-t", type=int, default=_ENG["threads"])
     p.add_argument("--ctx-size", "-c", dest="max_model_len", type=int, default=_ENG["max_model_len"])
 

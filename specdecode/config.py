@@ -48,5 +48,8 @@ class EngineConfig:
     max_model_len: int = 4096  # per-sequence context cap (also capped by the model's own)
     max_num_seqs: int = 1  # KV-cache slots (concurrent sequences)
     kv_cache_tokens: int | None = None  # total KV budget in tokens; None = max_num_seqs * max_model_len
+    # KV-cache element type: auto = bfloat16 for a quantized model on CPU (half the memory of float32,
+    # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.
+    kv_cache_dtype: str = "auto"
     threads: int | None = None  # torch CPU threads; None = torch's default
     spec: SpecConfig = field(default_factory=SpecConfig)

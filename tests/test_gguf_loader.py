@@ -71,6 +71,31 @@ def test_quantized_logits_match_transformers_on_decoded_weights(tmp_path, model_
     check_against_transformers(hf, tmp_path / "m.gguf", expected)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_load_reads_embedding_rows_from_the_file(tmp_path, tied, quant):
+    """--quant int8/int4 keeps the (Q4_K) embedding table in the mapped file and dequantizes only the rows
+    looked up: they equal the file's rows decoded in full, and the model still gives the float load's
+    next tokens (within the int8/int4 weight error, see test_quantized_model.py)."""
+    from specdecode.layers.embedding import FileEmbedding
+
+    hf = hf_model("llama", dtype=torch.float64, tie_word_embeddings=tied, **K_MODEL)
+    path = tmp_path / "m.gguf"
+    write_gguf(hf, path, lambda name: Q.Q4_K)
+    f = GGUFFile(path)
+    model = load_gguf_model(f, torch.float32, quant=quant)
+    assert isinstance(model.embed_tokens, FileEmbedding)
+    assert not any("embed_tokens" in n for n, _ in model.named_buffers())
+    info = f.tensors["token_embd.weight"]
+    table = dequantize_tensor(info, f.raw(info), torch.float32)
+    ids = torch.tensor([[5, 3, 5, 0, 383], [1, 2, 3, 4, 5]])
+    assert torch.equal(model.embed_tokens(ids), table[ids])
+    ref = load_gguf_model(path, torch.float32)
+    x = torch.randint(0, 384, (1, 24), generator=torch.Generator().manual_seed(3))
+    agree = (our_logits(model, x).argmax(-1) == our_logits(ref, x).argmax(-1)).float().mean()
+    assert agree >= 0.9, agree
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_mixed_k_quant_logits_match_transformers(tmp_path, model_type):
     # Every tensor a different K-quant in turn, as llama.cpp's Q4_K_M mixes Q4_K and Q6_K.

@@ -45,6 +45,26 @@ def test_quantized_logits_close_to_float(quant, max_rel):
     assert kl < (0.01 if quant == "int8" else 0.1)
 
 
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_tied_embedding_shares_the_int8_head_table(quant):
+    """A tied model keeps one int8 table: the embedding reads the LM head's buffers, and its rows are
+    exactly what a separate Int8Embedding would have stored."""
+    from specdecode.layers.embedding import Int8Embedding
+
+    hf = hf_model("qwen2", tie_word_embeddings=True)
+    model = quantized(hf, quant, chunk_rows=48)
+    emb, head = model.embed_tokens, model.lm_head
+    assert emb.shared and emb.qweight.data_ptr() == head.qweight.data_ptr()
+    assert emb.scales.data_ptr() == head.scales.data_ptr()
+    table = hf.state_dict()["model.embed_tokens.weight"].float()
+    alone = Int8Embedding(*table.shape)
+    alone.load_rows(0, table)
+    ids = torch.arange(table.shape[0])
+    assert torch.equal(emb(ids), alone(ids))
+    untied = quantized(hf_model("qwen2", tie_word_embeddings=False), quant)
+    assert not untied.embed_tokens.shared
+
+
 def test_missing_rows_are_reported():
     hf = hf_model("llama")
     cfg = config_from_hf(hf.config.to_dict())
@@ -68,3 +88,24 @@ def test_spec_greedy_identical_on_quantized_target(quant):
         llm = LLM(dtype="float32", max_model_len=128, _model=target, _tokenizer=tok,
                   _draft=(draft, tok) if kw["spec_type"] == "draft" else None, **kw)
         assert llm.generate(prompt, params)[0].token_ids == plain.token_ids
+    assert llm.engine.kv.k.dtype == torch.bfloat16  # --kv-cache-dtype auto on a quantized CPU model
+
+
+def test_kv_cache_dtype_choice_and_bf16_cache_close_to_float32():
+    """auto: bfloat16 cache for quantized weights on CPU, the model dtype otherwise; an explicit type wins.
+    A bfloat16 cache rounds K and V to 8 significant bits: logits move by far less than int8 weights do."""
+    hf = hf_model("llama")
+    tok = CharTokenizer(384)
+    q = quantized(hf, "int8")
+    f = quantized(hf, "none")
+    ids = list(range(5, 45))
+    logits = {}
+    for model, kv, expect in ((q, "auto", torch.bfloat16), (f, "auto", torch.float32), (q, "float32", torch.float32)):
+        llm = LLM(dtype="float32", max_model_len=64, kv_cache_dtype=kv, _model=model, _tokenizer=tok)
+        assert llm.engine.kv.k.dtype == expect
+        runner = llm.engine.runner
+        logits[(id(model), kv)] = runner.forward([runner.kv.allocate()], [ids])[0][0]
+    bf16, fp32 = logits[(id(q), "auto")], logits[(id(q), "float32")]
+    assert not torch.equal(bf16, fp32)
+    assert (bf16 - fp32).norm() / fp32.norm() < 0.01
+    assert (bf16.argmax(-1) == fp32.argmax(-1)).float().mean() >= 0.95

@@ -69,7 +69,7 @@ class Engine:
                                              f"{cfg.max_num_seqs} sequence(s)")
             self.max_model_len = slot_len - margin
         self.kv = KVCache(mc.num_layers, cfg.max_num_seqs, slot_len, mc.num_kv_heads, mc.head_dim,
-                          self.dtype, self.device)
+                          self.kv_dtype(model.quant), self.device)
         self.runner = ModelRunner(model, self.kv)
         self.prefix_cache: PrefixCache | None = PrefixCache(self.kv)  # None disables prefix caching
         self.timer = Timer(self.device)
@@ -78,6 +78,12 @@ class Engine:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._calibrated = False
+
+    def kv_dtype(self, quant: str) -> torch.dtype:
+        """The KV cache's element type (EngineConfig.kv_cache_dtype) for a model whose linears are ``quant``."""
+        if self.cfg.kv_cache_dtype == "auto":
+            return torch.bfloat16 if quant != "none" and self.device.type == "cpu" else self.dtype
+        return resolve_device_dtype(self.cfg.device, self.cfg.kv_cache_dtype)[1]
 
     def weight_quant(self) -> str:
         """int4 has CPU kernels only; on CUDA auto means the float dtype (bfloat16)."""

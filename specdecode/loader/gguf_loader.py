@@ -284,11 +284,12 @@ def dequantize_tensor(info: GGUFTensorInfo, raw: np.ndarray, dtype: torch.dtype,
 
 
 def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32, cfg: ModelConfig | None = None,
-                      chunk_elements: int | None = None) -> Iterator[tuple[str, torch.Tensor, int]]:
+                      chunk_elements: int | None = None, skip: set[str] = frozenset()
+                      ) -> Iterator[tuple[str, torch.Tensor, int]]:
     """(HF name, rows [n, in] in dtype, first row) one at a time, q/k rows un-permuted for llama.
     With ``chunk_elements``, large tensors arrive as several row ranges, so a quantizing loader never
     holds one whole float copy of the embedding or LM head. Tensor types are checked on the call,
-    before the caller has allocated or loaded anything."""
+    before the caller has allocated or loaded anything. ``skip``: llama.cpp names not to deliver."""
     f = _open(source)
     cfg = cfg or read_gguf_config(f)
     for info in f.tensors.values():
@@ -298,7 +299,7 @@ def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32, cfg: M
 
     def tensors():
         for info in f.tensors.values():
-            if (name := hf_name(info.name)) is None:
+            if (name := hf_name(info.name)) is None or info.name in skip:
                 continue
             heads = permuted_heads(cfg, info.name)
             raw = f.raw(info)  # [rows, row_bytes]
@@ -334,6 +335,19 @@ def auto_quant(source: Source) -> str:
     return "int4" if avg <= 5.0 else "int8" if avg <= 9 else "none"
 
 
+def file_embedding(f: GGUFFile, dtype: torch.dtype):
+    """The token embedding as a FileEmbedding over the mapped ``token_embd.weight`` rows."""
+    from ..layers.embedding import FileEmbedding
+
+    info = f.tensors["token_embd.weight"]
+    raw = f.raw(info)  # [vocab, row_bytes], a view on the file: nothing is read until a row is used
+    vocab, dim = info.shape
+
+    def read_rows(ids: np.ndarray) -> torch.Tensor:
+        return dequantize_tensor(info, raw[ids], torch.float32, (len(ids), dim))
+    return FileEmbedding(vocab, dim, read_rows, dtype)
+
+
 def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                     quant: str = "none"):
     """A LlamaModel with the weights of a GGUF file: dequantized to dtype (quant none), or requantized
@@ -342,8 +356,12 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
     cfg = read_gguf_config(f)
     if quant == "auto":
         quant = auto_quant(f)
-    weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None)
+    skip = set()
     model = build_model(cfg, dtype, device, quant=quant)
+    if quant != "none":  # the embedding table stays in the file (see layers/embedding.py)
+        model.embed_tokens = file_embedding(f, dtype)
+        if not cfg.tie_word_embeddings:
+            skip.add("token_embd.weight")  # nothing else reads it
+    weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None, skip=skip)
     model.load_weights(weights)
-    model.quant = quant
     return model

@@ -46,7 +46,11 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: st
     # to_empty allocates each tensor once, uninitialised, in its final dtype: loading a model never
     # holds a second full copy of it.
     model = model.to_empty(device=device)
+    if quant != "none" and model.lm_head is not None and cfg.tie_word_embeddings and hasattr(model.lm_head, "qweight") \
+            and model.lm_head.qweight.dtype == torch.int8:
+        model.embed_tokens.share_with(model.lm_head)  # one int8 table for the tied embedding and head
     for m in model.modules():
         if m.__class__.__name__ == "RMSNorm":
             torch.nn.init.ones_(m.weight)
+    model.quant = quant  # read by the engine (KV-cache type) and reports
     return model.eval().requires_grad_(False)

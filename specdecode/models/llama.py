@@ -95,6 +95,9 @@ class LlamaModel(nn.Module):
             targets = [name]
             if name == "embed_tokens.weight" and self.cfg.tie_word_embeddings and self.lm_head is not None:
                 targets.append("lm_head.weight")  # tied in the file, separate here (a quantized head)
+                if getattr(self.embed_tokens, "shared", False):  # one table: fill it once, through the head
+                    targets.remove(name)
+                    rows_seen[name] = rows_seen.get(name, 0) + tensor.shape[0]
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the checkpoint carries a copy of the embedding
             for target in targets:

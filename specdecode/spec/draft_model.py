@@ -43,7 +43,7 @@ class DraftModelProposer(Proposer):
         mc = model.cfg
         # one slot per engine slot plus a scratch slot for cost calibration
         self.kv = KVCache(mc.num_layers, engine.kv.num_slots + 1, engine.kv.max_len, mc.num_kv_heads,
-                          mc.head_dim, engine.dtype, engine.device)
+                          mc.head_dim, engine.kv_dtype(model.quant), engine.device)
         self.runner = ModelRunner(model, self.kv)
         self.now = engine.timer.now
         self._cost: dict[int, float] = {}
