@@ -31,6 +31,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-type", default=_SPEC["spec_type"], choices=SPEC_TYPES)
     p.add_argument("--model-draft", "-md", default=_SPEC["model_draft"])
+    p.add_argument("--quant-draft", default=_SPEC["quant_draft"], choices=("auto", "none", "int8", "int4"),
+                   help="weight format of the draft model's linear layers (auto: closest to its GGUF's bits)")
     p.add_argument("--draft-max", type=int, default=_SPEC["draft_max"])
     p.add_argument("--draft-min", type=int, default=_SPEC["draft_min"])
     p.add_argument("--draft-p-min", type=float, default=_SPEC["draft_p_min"])

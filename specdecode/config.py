@@ -12,6 +12,7 @@ SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram", "eagle3", "eagle", "draf
 class SpecConfig:
     spec_type: str = "none"
     model_draft: str | None = None  # --model-draft: name, GGUF file or HF directory
+    quant_draft: str = "auto"  # --quant-draft: the draft model's linear weights (as EngineConfig.quant)
     draft_max: int = 8  # --draft-max: cap on drafted tokens per step (K)
     draft_min: int = 0  # --draft-min: fewer useful draft tokens than this -> do not draft
     draft_p_min: float = 0.75  # --draft-p-min: stop a greedy draft when its top probability falls below

@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 from .prompts import DEFAULT_PROMPTS, load_prompts
 
@@ -14,7 +13,8 @@ def add_bench_parser(sub, add_model_args, add_spec_args) -> None:
     add_model_args(b)
     add_spec_args(b)
     b.add_argument("--spec-types", default="ngram-simple,ngram",
-                   help="comma-separated configurations to compare with none (e.g. draft,ngram-simple)")
+                   help="comma-separated configurations to compare with none, each with optional settings: "
+                        "draft,ngram,eagle3(3,2,6),draft(quant_draft=int4)")
     b.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL: Spec-Bench format or {'prompt': ...}")
     b.add_argument("--category", action="append", help="keep these categories (repeatable; mt_bench = MT-bench's 8)")
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each category")
@@ -30,19 +30,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from ..cli import engine_config, spec_config
     from ..sampling_params import SamplingParams
     from .report import format_table, plot, summarize, write_json
-    from .run import run_bench
+    from .run import parse_configs, run_bench
 
     params = SamplingParams(temperature=a.temperature, max_tokens=a.max_tokens, seed=a.seed)
     prompts = load_prompts(a.prompts, a.category, a.limit)
-    base_spec = spec_config(a)
-    specs = [replace(base_spec, spec_type=t.strip()) for t in a.spec_types.split(",") if t.strip()]
-    records = run_bench(engine_config(a), specs, prompts, params, progress=sys.stderr.isatty())
+    specs = parse_configs(a.spec_types, spec_config(a))
+    meta = {"argv": sys.argv, "model": a.model, "spec_types": a.spec_types, "temperature": a.temperature,
+            "max_tokens": a.max_tokens, "prompts": a.prompts, "n_prompts": len(prompts)}
+
+    def save(records: list[dict]) -> None:  # after every prompt: an interrupted run keeps what it measured
+        if a.json_out:
+            write_json(a.json_out, meta, records, summarize(records))
+    records = run_bench(engine_config(a), specs, prompts, params, progress=sys.stderr.isatty(), on_prompt=save)
     summary = summarize(records)
     print(format_table(summary))
-    if a.json_out:
-        meta = {"argv": sys.argv, "model": a.model, "spec_types": a.spec_types, "temperature": a.temperature,
-                "max_tokens": a.max_tokens, "prompts": a.prompts, "n_prompts": len(prompts)}
-        write_json(a.json_out, meta, records, summary)
+    save(records)
     if a.plot:
         plot(a.plot, records, summary)
     return 0

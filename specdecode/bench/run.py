@@ -5,12 +5,46 @@ back to back, so slow drifts of a shared machine hit them alike. Speed-ups are r
 the same run on the same prompts."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from typing import Callable
 
 from ..config import EngineConfig, SpecConfig
 from ..llm import LLM
 from ..sampling_params import SamplingParams
 from .prompts import Prompt
+
+
+def parse_configs(text: str, base: SpecConfig) -> list[tuple[str, SpecConfig]]:
+    """``--spec-types`` -> [(label, SpecConfig)]. Entries are comma-separated spec types, each optionally
+    with settings in parentheses: EAGLE trees as ``eagle3(num_steps,eagle_topk,num_draft_tokens)``,
+    anything else as SpecConfig fields ``draft(quant_draft=int4,draft_max=4)``. Settings not given
+    come from ``base`` (the command's flags)."""
+    from dataclasses import fields
+
+    from ..errors import InvalidRequestError
+
+    types = {f.name: f.type for f in fields(SpecConfig)}
+    out = []
+    for entry in re.findall(r"[^,()\s]+(?:\([^)]*\))?", text):
+        name, _, args = entry.partition("(")
+        args = [a.strip() for a in args.rstrip(")").split(",") if a.strip()]
+        over: dict = {"spec_type": name}
+        if args and all(a.isdigit() for a in args) and name in ("eagle", "eagle3") and len(args) == 3:
+            over.update(zip(("num_steps", "eagle_topk", "num_draft_tokens"), map(int, args)))
+        else:
+            for a in args:
+                key, eq, val = a.partition("=")
+                key = key.strip().replace("-", "_")
+                if not eq or key not in types or key == "spec_type":
+                    raise InvalidRequestError(f"bad setting {a!r} in --spec-types entry {entry!r} "
+                                              f"(use eagle3(steps,topk,tokens) or field=value)")
+                kind = types[key] if isinstance(types[key], str) else types[key].__name__
+                over[key] = (val.lower() in ("1", "true", "yes") if kind.startswith("bool") else
+                             int(val) if kind.startswith("int") else float(val) if kind.startswith("float") else val)
+        spec = replace(base, **over)
+        out.append((entry if args else config_label(spec), spec))
+    return out
 
 
 def config_label(spec: SpecConfig) -> str:
@@ -24,8 +58,11 @@ def config_label(spec: SpecConfig) -> str:
     return label
 
 
-def run_bench(engine_cfg: EngineConfig, specs: list[SpecConfig], prompts: list[Prompt], params: SamplingParams,
-              progress: bool = True, warmup: bool = True) -> list[dict]:
+def run_bench(engine_cfg: EngineConfig, specs: list[SpecConfig | tuple[str, SpecConfig]], prompts: list[Prompt],
+              params: SamplingParams, progress: bool = True, warmup: bool = True,
+              on_prompt: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """Records, one per (prompt, configuration). ``specs``: configurations or (label, configuration)
+    pairs; ``on_prompt(records so far)`` is called after each prompt (the CLI saves them as it goes)."""
     from tqdm import tqdm
 
     from ..loader import load_checkpoint
@@ -35,16 +72,17 @@ def run_bench(engine_cfg: EngineConfig, specs: list[SpecConfig], prompts: list[P
     model, tok = base.engine.model, base.engine.tokenizer
     drafts: dict[str, tuple] = {}
     llms: dict[str, LLM] = {"none": base}
-    for spec in specs:
-        label = config_label(spec)
+    for item in specs:
+        label, spec = item if isinstance(item, tuple) else (config_label(item), item)
         if label in llms:
             continue
         draft = None
         if spec.spec_type == "draft":
-            if spec.model_draft not in drafts:
-                drafts[spec.model_draft] = load_checkpoint(resolve_model(spec.model_draft), base.engine.dtype,
-                                                           base.engine.device, base.engine.weight_quant())
-            draft = drafts[spec.model_draft]
+            key = (spec.model_draft, spec.quant_draft)
+            if key not in drafts:
+                drafts[key] = load_checkpoint(resolve_model(spec.model_draft), base.engine.dtype,
+                                              base.engine.device, base.engine.weight_quant(spec.quant_draft))
+            draft = drafts[key]
         llms[label] = LLM(engine_config=replace(engine_cfg, spec=spec), _model=model, _tokenizer=tok, _draft=draft)
     encoded = [base.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]
     if warmup:  # first calls pay one-off costs (allocation, calibration): keep them out of the figures
@@ -63,4 +101,6 @@ def run_bench(engine_cfg: EngineConfig, specs: list[SpecConfig], prompts: list[P
                 "decode_s": (n - 1) / s["decode_tokens_per_s"] if s["decode_tokens_per_s"] else 0.0,
                 "spec": s["spec"], "token_ids": o.token_ids,
             })
+        if on_prompt is not None:
+            on_prompt(records)
     return records

@@ -85,11 +85,13 @@ class Engine:
             return torch.bfloat16 if quant != "none" and self.device.type == "cpu" else self.dtype
         return resolve_device_dtype(self.cfg.device, self.cfg.kv_cache_dtype)[1]
 
-    def weight_quant(self) -> str:
-        """int4 has CPU kernels only; on CUDA auto means the float dtype (bfloat16)."""
-        if self.cfg.quant == "auto" and self.device.type != "cpu":
+    def weight_quant(self, quant: str | None = None) -> str:
+        """``quant`` (default: the target's --quant) as run here: int4 has CPU kernels only, so on CUDA
+        auto means the float dtype (bfloat16)."""
+        quant = self.cfg.quant if quant is None else quant
+        if quant == "auto" and self.device.type != "cpu":
             return "none"
-        return self.cfg.quant
+        return quant
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:

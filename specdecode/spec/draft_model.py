@@ -36,7 +36,7 @@ class DraftModelProposer(Proposer):
 
         if model is None:
             model, tokenizer = load_checkpoint(resolve_model(spec.model_draft), engine.dtype, engine.device,
-                                               engine.weight_quant())
+                                               engine.weight_quant(spec.quant_draft))
         check_vocab_compatible(engine.tokenizer, tokenizer)
         self.spec, self.model = spec, model
         self.target_vocab = engine.model.cfg.vocab_size
