@@ -12,7 +12,7 @@ from gguf_fixtures import K_QUANTS, Q, encode, reference_model, write_gguf
 from specdecode.engine.kv_cache import KVCache
 from specdecode.engine.model_runner import ModelRunner
 from specdecode.errors import ModelFileError, UnsupportedModelError
-from specdecode.loader.gguf_loader import (GGUFFile, GGUFTensorInfo, dequantize_tensor, gguf_tensor_infos, hf_name,
+from specdecode.loader.gguf_loader import (GGUFFile, auto_quant, GGUFTensorInfo, dequantize_tensor, gguf_tensor_infos, hf_name,
                                            iter_gguf_tensors, load_gguf_model, read_gguf_config, unpermute_rows)
 from specdecode.loader.hf import config_from_hf
 from specdecode.layers.rotary import rope_inv_freq  # after specdecode.models: rotary <-> models import cycle
@@ -94,6 +94,15 @@ def test_quantized_load_reads_embedding_rows_from_the_file(tmp_path, tied, quant
     x = torch.randint(0, 384, (1, 24), generator=torch.Generator().manual_seed(3))
     agree = (our_logits(model, x).argmax(-1) == our_logits(ref, x).argmax(-1)).float().mean()
     assert agree >= 0.9, agree
+
+
+@pytest.mark.parametrize("qtype,expect", [(Q.Q4_K, "int4"), (Q.Q4_0, "int4"), (Q.Q5_0, "int4"), (Q.Q5_K, "int4"),
+                                          (Q.Q6_K, "int8"), (Q.Q8_0, "int8"), (Q.F16, "none")])
+def test_auto_quant_picks_the_closest_runtime_format(tmp_path, qtype, expect):
+    # int4 g32 stores 5.0 bits per weight, int8 ~8.0: Q5_0 (5.5) is closer to int4, Q6_K (6.6) to int8
+    hf = hf_model("llama", dtype=torch.float64, **K_MODEL)
+    write_gguf(hf, tmp_path / "m.gguf", lambda name: qtype)
+    assert auto_quant(tmp_path / "m.gguf") == expect
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])

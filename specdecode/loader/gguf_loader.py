@@ -322,8 +322,9 @@ _QUANT_CHUNK = 1 << 22  # float elements dequantized at a time for a quantized l
 
 
 def auto_quant(source: Source) -> str:
-    """int4 for files whose decoder weights average at most ~5 bits (Q4_K_M, Q4_0, Q4_1), int8 for
-    5-8 bit files, none (float) above: the closest format the CPU kernels run fast."""
+    """The runtime format whose bits per weight are closest to the file's decoder average: int4 (4 bits +
+    a bf16 scale and zero per 32 = 5.0) up to 6.5 bits (Q4_K_M, Q4_0/1, Q5_0/1, Q5_K), int8 (~8.0) up to
+    12, else none (the float dtype)."""
     f = _open(source)
     total = bits = 0
     for info in f.tensors.values():
@@ -332,7 +333,7 @@ def auto_quant(source: Source) -> str:
             total += n
             bits += n * _BITS.get(info.qtype.name, 16)
     avg = bits / total if total else 16
-    return "int4" if avg <= 5.0 else "int8" if avg <= 9 else "none"
+    return "int4" if avg <= 6.5 else "int8" if avg <= 12 else "none"
 
 
 def file_embedding(f: GGUFFile, dtype: torch.dtype):
