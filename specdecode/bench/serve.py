@@ -28,7 +28,8 @@ def add_bench_serve_parser(sub, add_model_args, add_spec_args) -> None:
     b.add_argument("--url", help="benchmark this running server (default: start one per --spec-types entry)")
     b.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"))
     b.add_argument("--label", help="configuration name for --url results (default: the served model name)")
-    b.add_argument("--spec-types", default="none,ngram", help="in-process configurations, compared with the first")
+    b.add_argument("--spec-types", default="none,ngram",
+                   help="in-process configurations, compared with the first (settings as in bench: draft(draft_max=4))")
     b.add_argument("--concurrency", default="1,2,4,8")
     b.add_argument("--requests", type=int, default=16, help="requests per level (at least 2x the concurrency)")
     b.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL: Spec-Bench format or {'prompt': ...}")
@@ -233,7 +234,7 @@ def _bench_running(a, prompts, levels, params, progress):
 def _engine_factories(a, cfg, base_spec):
     """Target weights are loaded once; each configuration gets its own engine (KV cache, proposer)."""
     from ..llm import LLM
-    from .run import config_label
+    from .run import parse_configs
 
     shared: dict = {}
 
@@ -247,5 +248,4 @@ def _engine_factories(a, cfg, base_spec):
             return llm.engine
         return build
 
-    specs = [replace(base_spec, spec_type=t.strip()) for t in a.spec_types.split(",") if t.strip()]
-    return [(config_label(s), factory(s)) for s in specs]
+    return [(label, factory(s)) for label, s in parse_configs(a.spec_types, base_spec)]
