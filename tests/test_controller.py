@@ -38,3 +38,38 @@ def test_engine_calibrates_verify_costs_with_a_single_slot():
     llm = tiny_llm("ngram", max_num_seqs=1, draft_max=3)
     llm.generate([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert {(1, t) for t in range(1, 5)} <= set(llm.engine.costs.v)
+
+
+def test_untried_deep_positions_inherit_the_first_positions_record():
+    """Low first-position acceptance keeps deep positions untried; they must not keep the optimistic
+    prior, or a long draft (a verify of k + 1 tokens) looks worth it when one position does not."""
+    est = AcceptanceEstimate()
+    for _ in range(6):
+        est.observe(3, 0)  # position 1 rejected every time: positions 2-3 never tried
+    a = est.alphas(4)
+    assert a[0] < 0.3 and all(x <= a[0] + 1e-12 for x in a[1:]), a
+    v = {1: 1.0, 2: 1.17, 3: 1.37, 4: 1.56, 5: 2.9}.__getitem__
+    # break-even for one free draft is a_1 = v(2) - 1 = 0.17: k = 1 may still pay, deeper never
+    # (with 0.8 kept for positions 2-4, E(3)/C(3) = 1.97/1.56 would pick k = 3)
+    assert choose_draft_length(a, 0.0, v, 4) <= 1
+
+
+def test_low_acceptance_stays_near_plain_speed():
+    """Simulated requests (free n-gram drafts, the int4 verify curve measured here): with 5-15 %
+    first-position acceptance the probing costs at most a few % against plain decoding."""
+    import random
+
+    v = {1: 1.0, 2: 1.17, 3: 1.37, 4: 1.56, 5: 2.9, 6: 3.0, 7: 2.9, 8: 3.0, 9: 4.2}.__getitem__
+    for a1 in (0.05, 0.15):
+        rates = []
+        for seed in range(40):
+            rnd, est, toks, cost = random.Random(seed), AcceptanceEstimate(), 0, 0.0
+            while toks < 128:
+                k = choose_draft_length(est.alphas(8), 0.0, v, 8)
+                acc = 0
+                while acc < k and rnd.random() < (a1 if acc == 0 else 0.5):
+                    acc += 1
+                est.observe(k, acc)
+                toks, cost = toks + acc + 1, cost + v(k + 1)
+            rates.append(toks / cost)
+        assert sum(rates) / len(rates) > 0.95, (a1, sum(rates) / len(rates))

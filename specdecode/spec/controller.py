@@ -28,11 +28,16 @@ class AcceptanceEstimate:
     hits: list[float] = field(default_factory=list)
 
     def alphas(self, k: int) -> list[float]:
-        out = []
+        """Estimated acceptance of positions 1..k, each given the earlier ones accepted. Position i's
+        prior is position i-1's estimate (position 1's is PRIOR_ALPHA): deep positions are rarely
+        tried when acceptance is low, and a fixed optimistic prior there would make long drafts look
+        worth a verify of k + 1 tokens that the first position's record already rules out."""
+        out, prior = [], PRIOR_ALPHA
         for i in range(k):
             t = self.tries[i] if i < len(self.tries) else 0.0
             h = self.hits[i] if i < len(self.hits) else 0.0
-            out.append((h + PRIOR_ALPHA * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT))
+            prior = (h + prior * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT)
+            out.append(prior)
         return out
 
     def observe(self, drafted: int, accepted: int) -> None:
