@@ -380,3 +380,18 @@ def test_smollm2_bundled_head_greedy_identical():
     out = eagle.generate(ids, params)[0]
     assert out.token_ids == plain.generate(ids, params)[0].token_ids
     assert out.stats["spec"]["accepted_tokens"] > 0
+
+
+def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
+    """The head reads the prompt's features captured by the target's own prefill: the proposer never
+    runs the target again over the prompt, and its drafts are those of the full-prompt reference."""
+    import specdecode.spec.eagle as eagle_mod
+
+    def no_recompute(*a, **kw):
+        raise AssertionError("the proposer re-ran the target over the prompt")
+
+    monkeypatch.setattr(eagle_mod, "ModelRunner", no_recompute)
+    m = target(bigram=True)
+    eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
+    out = eng.generate(PROMPTS[0], GREEDY)[0]
+    assert out.stats["spec"]["mean_acceptance_length"] > 2.0

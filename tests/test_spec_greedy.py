@@ -60,3 +60,22 @@ def test_stops_at_context_length():
     out = llm.generate([i % 300 for i in range(389)], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))[0]
     assert out.finish_reason == "length"
     assert len(out.prompt_token_ids) + len(out.token_ids) == llm.engine.max_model_len
+
+
+def test_draft_model_ingests_the_prompt_during_prefill():
+    """The draft's cache takes the prompt with the target's prefill (time to first token): its first
+    draft then feeds only the root, never the whole prompt in the middle of decoding."""
+    llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=3)
+    prop = llm.engine.proposer
+    fed = []
+    real = prop.runner.forward
+
+    def spy(slots, tokens, *a, **kw):
+        fed.append((kw.get("logits", True), [len(t) for t in tokens]))
+        return real(slots, tokens, *a, **kw)
+
+    prop.runner.forward = spy
+    prompt = list(range(5, 45))
+    llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert fed[0] == (False, [len(prompt) - 1])  # the prefill chunk
+    assert max(n for logits, ns in fed[1:] for n in ns) <= 4  # drafting: root (+ accepted) only

@@ -151,9 +151,11 @@ class Engine:
         """Feeds up to PREFILL_CHUNK prompt tokens (never the last one: it is the first root)."""
         start = seq.num_prefilled
         end = min(len(seq.prompt_ids) - 1, start + PREFILL_CHUNK)
-        self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False)
+        _, hidden, captured = self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False,
+                                                  capture_layers=self.proposer.capture_layers)
         self.kv.set_length(seq.slot, end)
         seq.num_prefilled = end
+        self.proposer.prefill(seq, start, end, hidden[0], {i: h[0] for i, h in captured.items()})
         if end == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()
 

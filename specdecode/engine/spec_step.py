@@ -69,9 +69,12 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         if proposer.capture_layers or proposer.name in ("eagle", "eagle3", "draft-mtp"):
             seq.hidden = (hidden[b, kept_rows], {i: h[b, kept_rows] for i, h in captured.items()})
         new_tokens = [tree.tokens[p] for p in res.path] + [res.token]
+        # A request's first step (the drafter catching up on the prompt, the first token) is part of
+        # its time to first token; the draft / verify times are those of the decode phase.
+        decoding = seq.t_first_token is not None
         delta = seq.append(new_tokens)
         proposer.commit(seq, len(res.path))
         depth = max(tree.depths(), default=0)
-        seq.stats.record(depth, len(res.path), t1 - t0, t2 - t1)
+        seq.stats.record(depth, len(res.path), (t1 - t0) * decoding, (t2 - t1) * decoding)
         results.append(SeqResult(delta, depth, len(res.path)))
     return results, StepTiming(t1 - t0, t2 - t1, max(len(x) for x in tokens))

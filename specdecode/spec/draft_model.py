@@ -56,6 +56,15 @@ class DraftModelProposer(Proposer):
         pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
+    def prefill(self, seq, start, end, hidden, captured):
+        st = seq.spec_state
+        if "draft_slot" not in st:
+            st["draft_slot"], st["draft_len"] = self.kv.allocate(), 0
+        if end > st["draft_len"]:
+            self.runner.forward([st["draft_slot"]], [seq.prompt_ids[st["draft_len"]:end]], logits=False)
+            self.kv.set_length(st["draft_slot"], end)
+            st["draft_len"] = end
+
     def propose(self, seqs, max_tokens):
         drafts = [[] for _ in seqs]
         qs: list[list[torch.Tensor]] = [[] for _ in seqs]

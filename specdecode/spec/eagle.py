@@ -106,8 +106,8 @@ class EagleProposer(Proposer):
         elif start + len(feats) > st.base + st.fed:
             st.feats, st.fstart = feats, start
 
-    def observe_prefill(self, seq, start: int, hidden: torch.Tensor, captured: dict[int, torch.Tensor]) -> None:
-        """Prompt features captured by the engine's prefill (positions start ..), so that none are recomputed."""
+    def prefill(self, seq, start, end, hidden, captured):
+        """Prompt features from the engine's prefill (positions start .. end - 1): none are recomputed."""
         self._add_features(self._state(seq), start, self.head.features(hidden, captured))
 
     def commit(self, seq, num_accepted):

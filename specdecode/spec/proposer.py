@@ -18,6 +18,10 @@ class Proposer:
     - ``commit(seq, num_accepted)`` is called after the sequence's tokens were extended by the accepted
       draft tokens plus one target token; the proposer rolls its own state (e.g. KV cache) back to
       what is still valid.
+    - ``prefill(seq, start, end, hidden, captured)`` is called after each chunk of the target's prefill
+      (prompt positions start .. end - 1; hidden [end - start, H] final normed states, captured
+      {layer: [end - start, H]} for ``capture_layers``): a drafter with its own cache ingests the prompt
+      then (time to first token), not inside the first draft it makes.
     - ``release(seq)`` frees per-sequence state when the sequence finishes.
     - ``draft_cost(n_seqs)``: measured seconds to draft one token for a batch of n_seqs (0 for free drafters);
       the draft-length controller weighs it against the target's verify cost.
@@ -31,6 +35,9 @@ class Proposer:
         return [DraftTree.empty() for _ in seqs]
 
     def commit(self, seq: "Sequence", num_accepted: int) -> None:
+        pass
+
+    def prefill(self, seq: "Sequence", start: int, end: int, hidden, captured) -> None:
         pass
 
     def release(self, seq: "Sequence") -> None:
