@@ -80,6 +80,20 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     return torch.where(deterministic, probs.argmax(-1), drawn)
 
 
+def draft_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+                p_min: float) -> tuple[int, torch.Tensor | None, bool]:
+    """One token of a model-based draft from its logits [V]: (token, q, confident). Greedy requests
+    draft the argmax (q None: a deterministic draft); sampled ones draw from q = process_logits, the
+    exact distribution the acceptance rule needs. confident: the drafted token's probability (greedy)
+    or q's top probability reaches ``p_min`` (--draft-p-min)."""
+    if params.greedy:
+        tok = int(logits.argmax())
+        return tok, None, float(torch.softmax(logits, -1)[tok]) >= p_min
+    q = process_logits(logits.unsqueeze(0), params)[0]
+    tok = int(sample(q.unsqueeze(0), generator)[0])
+    return tok, q, float(q.max()) >= p_min
+
+
 def _param_columns(rows: list[SamplingParams], device) -> tuple[torch.Tensor, ...]:
     """temperature, top_k, top_p, min_p as [N, 1] columns (float, long, float, float)."""
     def col(values, dtype):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 # Optimistic prior: a request that has never drafted must find drafting worth a try, or it never
 # measures its acceptance (with 0.5, a verify of 2 tokens costing > 1.5x one step locks k at 0).
@@ -88,6 +89,24 @@ def choose_draft_length(alphas: list[float], draft_cost: float, verify_cost, k_m
         if rate > best:
             best_k, best = k, rate
     return best_k
+
+
+class DraftCost:
+    """A drafter's measured seconds per drafting unit (one draft token, or one tree level) for each
+    batch size, EMA-smoothed; a batch size seen for the first time is measured by ``calibrate(n)``."""
+
+    def __init__(self, calibrate: Callable[[int], float]):
+        self._calibrate = calibrate
+        self._s: dict[int, float] = {}
+
+    def observe(self, batch: int, seconds: float) -> None:
+        old = self._s.get(batch)
+        self._s[batch] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+
+    def __call__(self, batch: int) -> float:
+        if batch not in self._s:
+            self._s[batch] = self._calibrate(batch)
+        return self._s[batch]
 
 
 class Timer:

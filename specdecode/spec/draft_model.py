@@ -12,8 +12,8 @@ from ..config import SpecConfig
 from ..engine.kv_cache import KVCache
 from ..engine.model_runner import ModelRunner
 from ..errors import SpecDecodeError
-from ..sampling import process_logits, sample
-from ..spec.controller import EMA
+from ..sampling import draft_token
+from ..spec.controller import DraftCost
 from .proposer import Proposer
 from .tree import DraftTree
 
@@ -46,7 +46,7 @@ class DraftModelProposer(Proposer):
                           mc.head_dim, engine.kv_dtype(model.quant), engine.device)
         self.runner = ModelRunner(model, self.kv)
         self.now = engine.timer.now
-        self._cost: dict[int, float] = {}
+        self._cost = DraftCost(self._calibrate)
 
     def _logits_in_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, V_draft] -> [B, V_target]: drop padded rows, or pad with -inf (q = 0 there)."""
@@ -80,14 +80,14 @@ class DraftModelProposer(Proposer):
             slots = [seqs[b].spec_state["draft_slot"] for b in active]
             logits, _, _ = self.runner.forward(slots, [feed[b] for b in active], last_only=True)
             if all(len(feed[b]) == 1 for b in active):
-                self._observe_cost(len(active), self.now() - t0)
+                self._cost.observe(len(active), self.now() - t0)
             logits = self._logits_in_target_vocab(logits)
             still = []
             for row, b in enumerate(active):
                 seq, st = seqs[b], seqs[b].spec_state
                 self.kv.set_length(st["draft_slot"], self.kv.lengths[st["draft_slot"]] + len(feed[b]))
                 st["draft_fed"] += len(feed[b])
-                tok, q, confident = self._draft_token(logits[row], seq)
+                tok, q, confident = draft_token(logits[row], seq.params, seq.generator, self.spec.draft_p_min)
                 if not confident and drafts[b]:
                     continue  # --draft-p-min: stop this draft before a likely-wrong token
                 drafts[b].append(tok)
@@ -98,15 +98,6 @@ class DraftModelProposer(Proposer):
                     still.append(b)
             active = still
         return [DraftTree.chain(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
-
-    def _draft_token(self, logits: torch.Tensor, seq) -> tuple[int, torch.Tensor | None, bool]:
-        """One draft token from logits [V]: (token, q it was drawn from or None if deterministic, confident)."""
-        if seq.params.greedy:
-            tok = int(logits.argmax())
-            return tok, None, float(torch.softmax(logits, -1)[tok]) >= self.spec.draft_p_min
-        q = process_logits(logits.unsqueeze(0), seq.params)[0]
-        tok = int(sample(q.unsqueeze(0), seq.generator)[0])
-        return tok, q, float(q.max()) >= self.spec.draft_p_min
 
     def commit(self, seq, num_accepted):
         st = seq.spec_state
@@ -126,16 +117,10 @@ class DraftModelProposer(Proposer):
         if "draft_slot" in st:
             self.kv.free(st.pop("draft_slot"))
 
-    def _observe_cost(self, batch: int, seconds: float) -> None:
-        old = self._cost.get(batch)
-        self._cost[batch] = seconds if old is None else (1 - EMA) * old + EMA * seconds
-
     def draft_cost(self, n_seqs: int = 1) -> float:
-        if n_seqs not in self._cost:
-            self._calibrate(n_seqs)
-        return self._cost[n_seqs]
+        return self._cost(n_seqs)
 
-    def _calibrate(self, n_seqs: int) -> None:
+    def _calibrate(self, n_seqs: int) -> float:
         """One-token forwards of the draft on the scratch slot (repeated n_seqs times as a batch)."""
         slot = self.kv.allocate()
         try:
@@ -146,6 +131,6 @@ class DraftModelProposer(Proposer):
                 t0 = self.now()
                 self.runner.forward([slot] * n_seqs, [[0]] * n_seqs, last_only=True)
                 best = min(best, self.now() - t0)
-            self._cost[n_seqs] = best
+            return best
         finally:
             self.kv.free(slot)

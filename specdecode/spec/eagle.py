@@ -24,7 +24,7 @@ from ..engine.kv_cache import KVCache
 from ..engine.model_runner import ModelRunner
 from ..errors import InvalidRequestError
 from ..models.eagle import EagleHead
-from .controller import EMA
+from .controller import DraftCost
 from .proposer import Proposer
 from .tree import DraftTree
 
@@ -85,7 +85,7 @@ class EagleProposer(Proposer):
         self.kv = KVCache(1, engine.kv.num_slots + 1, engine.kv.max_len + spec.num_steps * K + 1,
                           c.num_kv_heads, c.head_dim, engine.dtype, engine.device)
         self.now = engine.timer.now
-        self._step_cost: dict[int, float] = {}
+        self._step_cost = DraftCost(self._calibrate)  # seconds per tree level
 
     @property
     def max_tokens(self) -> int:
@@ -167,7 +167,7 @@ class EagleProposer(Proposer):
         cands = self._grow(x_last, states, [len(seqs[b].tokens) - 1 for b in rows], steps)
         for i, b in enumerate(rows):
             trees[b] = _select(cands[i], keep[i])
-        self._observe(len(rows), (self.now() - t0) / steps)
+        self._step_cost.observe(len(rows), (self.now() - t0) / steps)
         return trees
 
     def _feed_pending(self, seqs, states) -> torch.Tensor:
@@ -238,19 +238,13 @@ class EagleProposer(Proposer):
         return cands
 
     # -- cost ------------------------------------------------------------------------------------
-    def _observe(self, batch: int, seconds: float) -> None:
-        old = self._step_cost.get(batch)
-        self._step_cost[batch] = seconds if old is None else (1 - EMA) * old + EMA * seconds
-
     def draft_cost(self, n_seqs: int = 1) -> float:
         """Seconds per drafted node: a head forward per tree level, spread over the nodes kept."""
-        if n_seqs not in self._step_cost:
-            self._calibrate(n_seqs)
         n = self.max_tokens
-        return self._step_cost[n_seqs] * min(self.spec.num_steps, n) / n
+        return self._step_cost(n_seqs) * min(self.spec.num_steps, n) / n
 
     @torch.inference_mode()
-    def _calibrate(self, n_seqs: int) -> None:
+    def _calibrate(self, n_seqs: int) -> float:
         h, K, dev = self.head, self.spec.eagle_topk, self.head.device
         slot = self.kv.allocate()
         try:
@@ -265,7 +259,7 @@ class EagleProposer(Proposer):
                 y = h.step(h.embed(ids), x, pos, self.kv, [slot] * n_seqs, [32] * n_seqs, [K] * n_seqs, mask)
                 h.logits(y).topk(K, dim=-1)
                 best = min(best, self.now() - t0)
-            self._step_cost[n_seqs] = best
+            return best
         finally:
             self.kv.free(slot)
 

@@ -26,8 +26,8 @@ from ..config import SpecConfig
 from ..engine.context import Context, use_context
 from ..engine.kv_cache import KVCache
 from ..errors import ModelFileError
-from ..sampling import process_logits, sample
-from .controller import EMA
+from ..sampling import draft_token
+from .controller import DraftCost
 from .proposer import Proposer
 from .tree import DraftTree
 
@@ -89,7 +89,7 @@ class MTPProposer(Proposer):
         self.kv = KVCache(self.k, engine.kv.num_slots + 1, engine.kv.max_len, mc.num_kv_heads, mc.head_dim,
                           engine.dtype, engine.device)
         self.target_kv, self.device, self.dtype, self.now = engine.kv, engine.device, engine.dtype, engine.timer.now
-        self._cost: dict[int, float] = {}
+        self._cost = DraftCost(self._calibrate)
 
     # -- forward helpers ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -163,10 +163,11 @@ class MTPProposer(Proposer):
         while True:
             logits = self.head.compute_logits((step - 1) % self.k, g, self.target)  # [B, V]
             if timed:
-                self._observe_cost(len(active), self.now() - t0)
+                self._cost.observe(len(active), self.now() - t0)
             still, rows = [], []
             for row, b in enumerate(active):
-                tok, q, confident = self._draft_token(logits[row], seqs[b])
+                seq = seqs[b]
+                tok, q, confident = draft_token(logits[row], seq.params, seq.generator, self.spec.draft_p_min)
                 if not confident and drafts[b]:
                     continue  # --draft-p-min: stop this chain before a likely-wrong token
                 drafts[b].append(tok)
@@ -188,15 +189,6 @@ class MTPProposer(Proposer):
             for b in active:
                 chained[b][m] += 1
         return [DraftTree.chain(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
-
-    def _draft_token(self, logits: torch.Tensor, seq) -> tuple[int, torch.Tensor | None, bool]:
-        """One token from logits [V]: (token, q it was drawn from or None if deterministic, confident)."""
-        if seq.params.greedy:
-            tok = int(logits.argmax())
-            return tok, None, float(torch.softmax(logits, -1)[tok]) >= self.spec.draft_p_min
-        q = process_logits(logits.unsqueeze(0), seq.params)[0]
-        tok = int(sample(q.unsqueeze(0), seq.generator)[0])
-        return tok, q, float(q.max()) >= self.spec.draft_p_min
 
     def commit(self, seq, num_accepted):
         """Keeps the target hidden states of the rows the verify committed (positions kv_len - a - 1 ..
@@ -220,16 +212,10 @@ class MTPProposer(Proposer):
             st.pop(key, None)
 
     # -- cost ----------------------------------------------------------------------------------------
-    def _observe_cost(self, batch: int, seconds: float) -> None:
-        old = self._cost.get(batch)
-        self._cost[batch] = seconds if old is None else (1 - EMA) * old + EMA * seconds
-
     def draft_cost(self, n_seqs: int = 1) -> float:
-        if n_seqs not in self._cost:
-            self._calibrate(n_seqs)
-        return self._cost[n_seqs]
+        return self._cost(n_seqs)
 
-    def _calibrate(self, n_seqs: int) -> None:
+    def _calibrate(self, n_seqs: int) -> float:
         """One chained step (block + LM head) for n_seqs rows on the scratch slot, best of 3."""
         slot = self.kv.allocate()
         try:
@@ -242,6 +228,6 @@ class MTPProposer(Proposer):
                 g = self._run(0, [slot] * n_seqs, [32] * n_seqs, [[0]] * n_seqs, [zero[:1]] * n_seqs, [[32]] * n_seqs)
                 self.head.compute_logits(0, g, self.target).argmax(-1)
                 best = min(best, self.now() - t0)
-            self._cost[n_seqs] = best
+            return best
         finally:
             self.kv.free(slot)
