@@ -25,6 +25,9 @@ specdecode bench -t $T --spec-types draft,ngram-simple,ngram --model-draft qwen2
   $CATS --limit 2 --max-tokens 128 --json-out out/r4_bench_greedy.json --plot docs/bench_greedy.png
 specdecode bench -t $T --spec-types draft,ngram --model-draft qwen2.5-coder-0.5b-instruct \
   $CATS --limit 2 --max-tokens 128 --temperature 0.7 --json-out out/r4_bench_t07.json
+specdecode bench -t $T --spec-types ngram-simple,ngram $CATS --limit 5 --max-tokens 128 --json-out out/r4_bench_ngram5.json
+specdecode bench -t $T --spec-types draft --model-draft qwen2.5-coder-0.5b-instruct --category coding --category writing \
+  --category rag --limit 5 --max-tokens 128 --json-out out/r4_bench_draft5.json
 # Draft heads: SmolLM2 (bundled EAGLE-3 head, MTP head attached to the GGUF) and the Qwen 0.5B head.
 specdecode attach-mtp --model smollm2-135m-instruct --head heads/smollm2-mtp --out out/smollm2-135m-instruct-mtp.gguf
 specdecode bench -t $T --model out/smollm2-135m-instruct-mtp.gguf --spec-head heads/smollm2-135m-instruct-eagle3 \
