@@ -58,11 +58,11 @@ def config_label(spec: SpecConfig) -> str:
     return label
 
 
-def run_bench(engine_cfg: EngineConfig, specs: list[SpecConfig | tuple[str, SpecConfig]], prompts: list[Prompt],
+def run_bench(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]], prompts: list[Prompt],
               params: SamplingParams, progress: bool = True, warmup: bool = True,
               on_prompt: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """Records, one per (prompt, configuration). ``specs``: configurations or (label, configuration)
-    pairs; ``on_prompt(records so far)`` is called after each prompt (the CLI saves them as it goes)."""
+    """Records, one per (prompt, configuration). ``specs``: (label, configuration) pairs, as
+    ``parse_configs`` gives; ``on_prompt(records so far)`` is called after each prompt."""
     from tqdm import tqdm
 
     from ..loader import load_checkpoint
@@ -72,8 +72,7 @@ def run_bench(engine_cfg: EngineConfig, specs: list[SpecConfig | tuple[str, Spec
     model, tok = base.engine.model, base.engine.tokenizer
     drafts: dict[str, tuple] = {}
     llms: dict[str, LLM] = {"none": base}
-    for item in specs:
-        label, spec = item if isinstance(item, tuple) else (config_label(item), item)
+    for label, spec in specs:
         if label in llms:
             continue
         draft = None

@@ -12,9 +12,8 @@ from ..config import SpecConfig
 from ..engine.kv_cache import KVCache
 from ..engine.model_runner import ModelRunner
 from ..errors import SpecDecodeError
-from ..sampling import draft_token
 from ..spec.controller import DraftCost
-from .proposer import Proposer
+from .proposer import Proposer, extend_chain
 from .tree import DraftTree
 
 
@@ -56,10 +55,15 @@ class DraftModelProposer(Proposer):
         pad = logits.new_full((*logits.shape[:-1], V - logits.shape[-1]), float("-inf"))
         return torch.cat([logits, pad], dim=-1)
 
-    def prefill(self, seq, start, end, hidden, captured):
+    def _state(self, seq) -> dict:
+        """The sequence's spec_state, with a draft KV slot (``draft_slot``, ``draft_len`` tokens in it)."""
         st = seq.spec_state
         if "draft_slot" not in st:
             st["draft_slot"], st["draft_len"] = self.kv.allocate(), 0
+        return st
+
+    def prefill(self, seq, start, end, hidden, captured):
+        st = self._state(seq)
         if end > st["draft_len"]:
             self.runner.forward([st["draft_slot"]], [seq.prompt_ids[st["draft_len"]:end]], logits=False)
             self.kv.set_length(st["draft_slot"], end)
@@ -70,10 +74,7 @@ class DraftModelProposer(Proposer):
         qs: list[list[torch.Tensor]] = [[] for _ in seqs]
         active = [b for b, k in enumerate(max_tokens) if k > 0]
         for b in active:
-            st = seqs[b].spec_state
-            if "draft_slot" not in st:
-                st["draft_slot"], st["draft_len"] = self.kv.allocate(), 0
-            st["draft_fed"] = 0
+            self._state(seqs[b])["draft_fed"] = 0
         feed = {b: seqs[b].tokens[seqs[b].spec_state["draft_len"]:] for b in active}
         while active:
             t0 = self.now()
@@ -87,14 +88,8 @@ class DraftModelProposer(Proposer):
                 seq, st = seqs[b], seqs[b].spec_state
                 self.kv.set_length(st["draft_slot"], self.kv.lengths[st["draft_slot"]] + len(feed[b]))
                 st["draft_fed"] += len(feed[b])
-                tok, q, confident = draft_token(logits[row], seq.params, seq.generator, self.spec.draft_p_min)
-                if not confident and drafts[b]:
-                    continue  # --draft-p-min: stop this draft before a likely-wrong token
-                drafts[b].append(tok)
-                if q is not None:
-                    qs[b].append(q)
-                if len(drafts[b]) < max_tokens[b]:
-                    feed[b] = [tok]
+                if extend_chain(drafts[b], qs[b], logits[row], seq, self.spec.draft_p_min, max_tokens[b]):
+                    feed[b] = drafts[b][-1:]
                     still.append(b)
             active = still
         return [DraftTree.chain(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]

@@ -26,9 +26,8 @@ from ..config import SpecConfig
 from ..engine.context import Context, use_context
 from ..engine.kv_cache import KVCache
 from ..errors import ModelFileError
-from ..sampling import draft_token
 from .controller import DraftCost
-from .proposer import Proposer
+from .proposer import Proposer, extend_chain
 from .tree import DraftTree
 
 PROMPT_WINDOW = 256  # prompt positions (before the first draft) the heads' cache covers
@@ -166,14 +165,7 @@ class MTPProposer(Proposer):
                 self._cost.observe(len(active), self.now() - t0)
             still, rows = [], []
             for row, b in enumerate(active):
-                seq = seqs[b]
-                tok, q, confident = draft_token(logits[row], seq.params, seq.generator, self.spec.draft_p_min)
-                if not confident and drafts[b]:
-                    continue  # --draft-p-min: stop this chain before a likely-wrong token
-                drafts[b].append(tok)
-                if q is not None:
-                    qs[b].append(q)
-                if len(drafts[b]) < max_tokens[b]:
+                if extend_chain(drafts[b], qs[b], logits[row], seqs[b], self.spec.draft_p_min, max_tokens[b]):
                     still.append(b)
                     rows.append(row)
             if not still:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..sampling import draft_token
 from .tree import DraftTree
 
 if TYPE_CHECKING:
@@ -50,3 +51,17 @@ class Proposer:
     def max_tokens(self) -> int:
         """Upper bound on nodes per draft (the controller never asks for more)."""
         return 1 << 30
+
+
+def extend_chain(tokens: list[int], qs: list, logits, seq: "Sequence", p_min: float, max_tokens: int) -> bool:
+    """One step of a model drafter's chain: draws a token from ``logits`` [V] (``sampling.draft_token``)
+    and appends it, with the q it was drawn from (sampled requests), to ``tokens`` / ``qs``, unless the
+    chain already has a token and this one is not confident (``--draft-p-min``). Returns whether the
+    chain goes on (a token was appended and there is room for another)."""
+    tok, q, confident = draft_token(logits, seq.params, seq.generator, p_min)
+    if not confident and tokens:
+        return False  # stop this chain before a likely-wrong token
+    tokens.append(tok)
+    if q is not None:
+        qs.append(q)
+    return len(tokens) < max_tokens
