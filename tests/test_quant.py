@@ -3,7 +3,12 @@ matches x @ W_deq.T within the kernel's arithmetic bound, and shard-by-shard loa
 import pytest
 import torch
 
+from specdecode.kernels import native_kernels
 from specdecode.layers.quant import Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
+
+# Both int4 packings run here where the native kernel builds (it needs a C compiler and AVX2).
+INT4_KERNELS = ["torch", pytest.param("native", marks=pytest.mark.skipif(
+    native_kernels() is None, reason="native int4 kernel not buildable here"))]
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +37,29 @@ def kernel_tolerance(x: torch.Tensor, w_deq: torch.Tensor, bias: torch.Tensor | 
     s = x.double().abs() @ w_deq.double().abs().T
     b = 0 if bias is None else bias.double().abs()
     return (2 ** -8 + (k + 8) * 2 ** -24) * 1.01 * s + 2 ** -22 * b + 1e-30
+
+
+def native_tolerance(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                     bias: torch.Tensor | None) -> torch.Tensor:
+    """Elementwise bound on |forward(x) - (x @ w_deq.T + bias)| for the native int4 kernel.
+
+    The kernel computes sum_k (scale c_k) (sx xq_k) + (zero - 8 scale) sum_k x_k per group, where
+    xq rounds x to int8 steps of sx = max|x| / 127: |x - sx xq| <= sx/2, plus the float32 rounding
+    of x * (127 / max|x|) (<= 2^-22 |x| after scaling back). So the activation error meets the code
+    part |scale c| of the weight, not w itself (an all-zero row has c = 8 and zero = 8 scale). The
+    rest is exact integer arithmetic and a few float32 operations per group, each within 2^-24 of
+    terms bounded by S = |x| @ (|scale c| + |zero - 8 scale|).T.
+    """
+    group_size = codes.shape[1] // scale.shape[1]
+    code_part = (codes.double().reshape(len(codes), scale.shape[1], -1) * scale.double()[..., None]).reshape(codes.shape)
+    min_part = (zero.double() - 8 * scale.double()).abs().repeat_interleave(group_size, dim=1)
+    xs = x.double().reshape(-1, x.shape[-1])
+    sx = xs.reshape(len(xs), -1, group_size).abs().amax(-1) / 127
+    e = sx.repeat_interleave(group_size, dim=1) / 2 + xs.abs() * 2 ** -22
+    act = (e @ code_part.abs().T).reshape(x.shape[:-1] + (len(codes),))
+    s = x.double().abs() @ (code_part.abs() + min_part).T
+    b = 0 if bias is None else bias.double().abs()
+    return act * 1.01 + (x.shape[-1] + 64) * 2 ** -22 * s + 2 ** -22 * b + 1e-30
 
 
 def reference(x, w_deq, bias):
@@ -68,24 +96,33 @@ def test_int4_round_trip_within_half_a_step(group_size):
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("make", [
-    lambda w, b: (Int8Linear.from_float(w, b), None),
-    lambda w, b: (Int4Linear.from_float(w, b, group_size=32), 32),
-    lambda w, b: (Int4Linear.from_float(w, b, group_size=128), 128),
-], ids=["int8", "int4-g32", "int4-g128"])
+    lambda w, b: (Int8Linear.from_float(w, b), None, None),
+    lambda w, b: (Int4Linear.from_float(w, b, group_size=32, kernel="torch"), 32, torch.bfloat16),
+    lambda w, b: (Int4Linear.from_float(w, b, group_size=128, kernel="torch"), 128, torch.bfloat16),
+    pytest.param(lambda w, b: (Int4Linear.from_float(w, b, group_size=32, kernel="native"), 32, torch.float16),
+                 marks=INT4_KERNELS[1].marks),
+    pytest.param(lambda w, b: (Int4Linear.from_float(w, b, group_size=128, kernel="native"), 128, torch.float16),
+                 marks=INT4_KERNELS[1].marks),
+], ids=["int8", "int4-g32", "int4-g128", "int4-native-g32", "int4-native-g128"])
 def test_forward_matches_dequantized_reference(make, bias):
     w = weight(368, 512)  # 368 = 5 full 64-row pack blocks + a 48-row tail
     b = torch.randn(368) if bias else None
-    layer, group_size = make(w, b)
-    w_deq = layer.dequantize() if group_size is None else dequantize_int4(*quantize_int4(w, group_size))
-    for rows in (1, 3, 5, 9):
+    layer, group_size, param_dtype = make(w, b)
+    params = None if group_size is None else quantize_int4(w, group_size, param_dtype)
+    w_deq = layer.dequantize() if group_size is None else dequantize_int4(*params)
+    for rows in (1, 3, 5, 9, 17):  # 17: two full 8-row passes of the native kernel + a remainder
         x = torch.randn(2, rows, 512)
         y = layer(x)
         assert y.shape == (2, rows, 368) and y.dtype == torch.float32
         err = (y.double() - reference(x, w_deq, b)).abs()
-        assert (err <= kernel_tolerance(x, w_deq, b)).all(), float(err.max())
+        tol = kernel_tolerance(x, w_deq, b) if param_dtype != torch.float16 else \
+            native_tolerance(x, *params, b)
+        assert (err <= tol).all(), float(err.max())
 
 
-@pytest.mark.parametrize("cls,kwargs", [(Int8Linear, {}), (Int4Linear, {"group_size": 64})])
+@pytest.mark.parametrize("cls,kwargs", [
+    (Int8Linear, {}), (Int4Linear, {"group_size": 64, "kernel": "torch"}),
+    pytest.param(Int4Linear, {"group_size": 64, "kernel": "native"}, marks=INT4_KERNELS[1].marks)])
 def test_shard_by_shard_loading_equals_one_load(cls, kwargs):
     w = weight(368, 256)
     # Shards as the loader writes q/k/v: arbitrary sizes, out of order, most not 64-row aligned,
@@ -102,7 +139,9 @@ def test_shard_by_shard_loading_equals_one_load(cls, kwargs):
         layer.load_rows(off, rows)
         expected_weight[off:off + n] = rows.float()
         if cls is Int4Linear and i == 0:
-            assert layer.pending_rows == 100  # rows 10..109 wait for the rest of blocks 0 and 64
+            # torch packing: rows 10..109 wait for the rest of 64-row blocks 0 and 64; native: rows
+            # 10..15 and 96..109 wait for the rest of 16-row tiles 0 and 96.
+            assert layer.pending_rows == (100 if kwargs["kernel"] == "torch" else 20)
     if cls is Int4Linear:
         assert layer.pending_rows == 0
     whole = cls.from_float(expected_weight, **kwargs)
@@ -113,10 +152,11 @@ def test_shard_by_shard_loading_equals_one_load(cls, kwargs):
     assert torch.equal(layer(x), whole(x))
 
 
-def test_int4_params_survive_module_dtype_casts():
-    # The kernel needs bf16 scales/zeros; they are stored as int16 bits so that model.to(dtype) (which
-    # build_model does) cannot convert them.
-    layer = Int4Linear.from_float(weight(64, 128), group_size=32)
+@pytest.mark.parametrize("kernel", INT4_KERNELS)
+def test_int4_params_survive_module_dtype_casts(kernel):
+    # The kernels need bf16 / fp16 scales and zeros; they are stored as int16 bits so that
+    # model.to(dtype) (which build_model does) cannot convert them.
+    layer = Int4Linear.from_float(weight(64, 128), group_size=32, kernel=kernel)
     x = torch.randn(3, 128)
     y = layer(x)
     for dtype in (torch.float64, torch.float16, torch.float32):

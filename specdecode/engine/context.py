@@ -27,9 +27,35 @@ class Context:
     # Layers whose output hidden states to keep (index i = output of decoder layer i).
     capture_layers: tuple[int, ...] = ()
     captured: dict[int, torch.Tensor] = field(default_factory=dict)
+    # Attend query by query, each exactly as a one-token decode of it would (see Attention): set for
+    # verify forwards, so that with row-invariant linears (the native quantized kernels) verifying a
+    # token gives the bits decoding it gives, and greedy speculative output equals plain greedy
+    # output on real models too, not only in exact arithmetic.
+    row_exact: bool = False
     # Derived once per forward by build_attention_mask; None = no mask needed.
     attn_mask: torch.Tensor | None = None
     is_causal: bool = False
+    # Derived on first use by row_keys(): per (row, new token) the keys it sees.
+    _row_keys: list | None = None
+
+    def row_keys(self) -> list[list[tuple[int, torch.Tensor | None]]]:
+        """[b][j] -> (n, idx): query j of row b sees keys [0, n) when idx is None, else keys idx (a
+        tree node: the prefix and its ancestors, in cache order, as the decode of its path has them)."""
+        if self._row_keys is None:
+            mask = self.attn_mask
+            rows = []
+            for b, n_new in enumerate(self.num_new):
+                row = []
+                for j in range(n_new):
+                    if mask is None:  # one row, one query: every key
+                        row.append((self.total_len, None))
+                        continue
+                    vis = mask[b, 0, j].cpu()
+                    n = int(vis.sum())
+                    row.append((n, None) if bool(vis[:n].all()) else (n, vis.nonzero().squeeze(1).to(mask.device)))
+                rows.append(row)
+            self._row_keys = rows
+        return self._row_keys
 
     @property
     def total_len(self) -> int:

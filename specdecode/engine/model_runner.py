@@ -22,7 +22,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, slots: list[int], tokens: list[list[int]], positions: list[list[int]] | None = None,
                 tree_mask: torch.Tensor | None = None, logits: bool = True, last_only: bool = False,
-                capture_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+                capture_layers: tuple[int, ...] = (), row_exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
         """Feeds ``tokens[b]`` to sequence ``slots[b]`` after its committed tokens.
 
         positions[b] default to consecutive positions after the committed length (a chain); a tree
@@ -30,6 +30,7 @@ class ModelRunner:
         Returns (logits, hidden, captured): logits [B, T, V] float32 ([B, V] with last_only, the last
         *real* token of each row; None with logits=False), hidden [B, T, H] final normed hidden states,
         captured {layer: [B, T, H]}.
+        row_exact: attend query by query (engine/context.py), for verify forwards.
         Does not commit: the new tokens sit in the cache beyond ``kv.lengths[slot]``."""
         B = len(slots)
         num_new = [len(t) for t in tokens]
@@ -44,7 +45,7 @@ class ModelRunner:
             p = positions[b] if positions is not None else range(starts[b], starts[b] + num_new[b])
             pos[b, :num_new[b]] = torch.as_tensor(list(p), dtype=torch.long)
         ids, pos = ids.to(self.device), pos.to(self.device)
-        ctx = Context(self.kv, list(slots), starts, num_new, tree_mask, tuple(capture_layers))
+        ctx = Context(self.kv, list(slots), starts, num_new, tree_mask, tuple(capture_layers), row_exact=row_exact)
         with use_context(ctx, self.device):
             hidden = self.model(ids, pos)
         if not logits:

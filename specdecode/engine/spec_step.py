@@ -50,7 +50,7 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
             n = len(t) + 1
             tree_mask[b, :n, :n] = t.attention_mask()
     logits, hidden, captured = runner.forward([s.slot for s in seqs], tokens, positions, tree_mask,
-                                              capture_layers=proposer.capture_layers)
+                                              capture_layers=proposer.capture_layers, row_exact=True)
     t2 = now()
 
     results = []

@@ -37,6 +37,8 @@ class Attention(nn.Module):
         q = q.to(keys.dtype)  # attention runs in the cache's type (a bfloat16 cache under float32 weights)
         if ctx.is_causal:  # prefill from an empty cache: the fused causal kernel handles GQA itself
             o = F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=self.h != self.hkv)
+        elif ctx.row_exact and (B > 1 or T > 1):
+            o = self._row_by_row(q, keys, values, ctx)
         else:
             o = self._grouped(q, keys, values, ctx.attn_mask)
         return self.o_proj(o.transpose(1, 2).reshape(B, T, self.h * self.d).to(x.dtype))
@@ -51,3 +53,17 @@ class Attention(nn.Module):
             mask = mask.unsqueeze(2).expand(B, 1, G, T, mask.shape[-1]).reshape(B, 1, G * T, mask.shape[-1])
         o = F.scaled_dot_product_attention(q.reshape(B, self.hkv, G * T, D), keys, values, attn_mask=mask)
         return o.view(B, H, T, D)
+
+    def _row_by_row(self, q, keys, values, ctx):
+        """One attention call per query, with exactly the operands a one-token decode of that query
+        has (q [1, H, 1, D], its visible keys only, no mask), so the result has the same bits: a
+        masked call over more keys, or over several queries, reduces in another order. Padded query
+        rows (j >= num_new[b]) stay zero. Costs ~T small calls per layer (verify: T <= ~10)."""
+        B, H, T, D = q.shape
+        out = q.new_zeros(B, H, T, D)
+        for b, row in enumerate(ctx.row_keys()):
+            for j, (n, idx) in enumerate(row):
+                k, v = (keys[b:b + 1, :, :n], values[b:b + 1, :, :n]) if idx is None else \
+                    (keys[b:b + 1, :, idx], values[b:b + 1, :, idx])
+                out[b, :, j] = self._grouped(q[b:b + 1, :, j:j + 1], k, v, None)[0, :, 0]
+        return out

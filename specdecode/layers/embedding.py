@@ -24,12 +24,15 @@ class Int8Embedding(nn.Module):
         self.register_buffer("qweight", torch.empty(num_embeddings, dim, dtype=torch.int8))
         self.register_buffer("scales", torch.empty(num_embeddings, dtype=torch.float32))
         self.shared = False  # True: qweight/scales are the LM head's; the loader fills them there
+        self._rows = lambda ids: self.qweight[ids]  # int64 ids [n] -> int8 [n, dim]
 
     def share_with(self, head: nn.Module) -> None:
-        """Reads rows from an Int8Linear LM head of the same shape (qweight [V, dim] int8, scales [V])."""
+        """Reads rows from an Int8Linear LM head of the same shape (its int8_rows(ids) and scales [V]);
+        the head may keep them in a kernel's packed layout."""
         if tuple(head.qweight.shape) != (self.num_embeddings, self.dim):
             raise ValueError(f"LM head {tuple(head.qweight.shape)} is not a [{self.num_embeddings}, {self.dim}] table")
         self.qweight, self.scales, self.shared = head.qweight, head.scales, True
+        self._rows = head.int8_rows
 
     @torch.no_grad()
     def load_rows(self, offset: int, rows: torch.Tensor) -> None:
@@ -41,7 +44,9 @@ class Int8Embedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [...] -> [..., dim] in out_dtype."""
-        return (self.qweight[ids].to(torch.float32) * self.scales[ids].unsqueeze(-1)).to(self.out_dtype)
+        flat = ids.reshape(-1)
+        rows = self._rows(flat).to(torch.float32) * self.scales[flat].unsqueeze(-1)
+        return rows.reshape(ids.shape + (self.dim,)).to(self.out_dtype)
 
 
 class FileEmbedding(nn.Module):

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels import INT8_GROUP, TILE, native_kernels, pack_int4, pack_int8, unpack_int8
+
 # Rows quantized per step of load_rows: bounds the float32 temporaries (~4M elements, 16 MB) when a
 # shard is large (LM head: 151936 rows). A multiple of 64 so that steps align with int4 pack blocks.
 _STEP_ELEMENTS = 1 << 22
@@ -41,11 +43,49 @@ class _QuantLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         # Float bias kept as a parameter so that the loader copies it like nn.Linear's.
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
+        # Rows packed together: a row range starting and ending on multiples of _pack_rows (or at
+        # out) packs on its own; other ranges wait in _pending until their block is complete.
+        self._pack_rows = 1
+        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block start -> (codes, rows filled)
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows quantized but not yet packed, waiting for the rest of their pack block."""
+        return sum(int(filled.sum()) for _, filled in self._pending.values())
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        """codes of whole pack blocks -> the rows of qweight they fill."""
+        return codes
+
+    def _write_codes(self, start: int, codes: torch.Tensor) -> None:
+        """Packs codes [n, ...] of rows [start, start + n) into qweight, stashing partial blocks."""
+        end, rows = start + len(codes), self._pack_rows
+        a = min(-(-start // rows) * rows, end)
+        b = end if end == self.out_features else max(a, end // rows * rows)
+        if a < b:
+            self.qweight[a:b] = self._pack(codes[a - start:b - start])
+        for lo, hi in ((start, a), (b, end)):
+            if lo < hi:
+                self._stash(lo, codes[lo - start:hi - start])
+
+    def _stash(self, start: int, codes: torch.Tensor) -> None:
+        rows = self._pack_rows
+        block = start // rows * rows
+        size = min(rows, self.out_features - block)
+        buf, filled = self._pending.setdefault(
+            block, (torch.zeros((size,) + codes.shape[1:], dtype=codes.dtype), torch.zeros(size, dtype=torch.bool)))
+        buf[start - block:start - block + len(codes)] = codes
+        filled[start - block:start - block + len(codes)] = True
+        if filled.all():
+            self.qweight[block:block + size] = self._pack(buf)
+            del self._pending[block]
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, **kwargs) -> "_QuantLinear":
         """weight [out, in] float (any float dtype), bias [out] or None."""
         out_features, in_features = weight.shape
+        if weight.device.type != "cpu":
+            kwargs.setdefault("kernel", "torch")  # the native kernels are CPU code
         layer = cls(in_features, out_features, bias is not None, **kwargs).to(weight.device)
         layer.load_rows(0, weight)
         if bias is not None:
@@ -97,20 +137,24 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4(w: torch.Tensor, group_size: int, param_dtype: torch.dtype = torch.bfloat16
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """w [n, in] float32 -> (codes uint8 [n, in] in 0..15, scale, zero float32 [n, in / group_size]).
 
     The format of the int4 kernels: w ~ (code - 8) * scale + zero per group of group_size inputs, with
-    scale and zero stored in bfloat16. Both are rounded to bfloat16 *before* the codes are chosen, and
-    scale is widened to cover the group around the rounded zero, so |w - dequant| <= scale/2 holds
-    for the stored values (the bound a plain min/max grid would lose to bf16 rounding of zero).
+    scale and zero stored in param_dtype (bfloat16 for PyTorch's kernel, float16 for the native one).
+    Both are rounded to param_dtype *before* the codes are chosen, and scale is widened to cover the
+    group around the rounded zero, so |w - dequant| <= scale/2 holds for the stored values (the bound
+    a plain min/max grid would lose to the rounding of zero).
     """
     n, k = w.shape
     g = w.reshape(n, k // group_size, group_size)
     lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-    zero = (lo + (hi - lo) * (8 / 15)).to(torch.bfloat16).float()
+    zero = (lo + (hi - lo) * (8 / 15)).to(param_dtype).float()
+    if not torch.isfinite(zero).all():
+        raise ValueError(f"int4 quantization: weights beyond the {param_dtype} range of the format")
     scale = torch.maximum((hi - zero) / 7, (zero - lo) / 8).clamp(min=1e-30)
-    rounded = scale.to(torch.bfloat16)
+    rounded = scale.to(param_dtype)
     rounded = torch.where(rounded.float() < scale, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))),
                           rounded)
     scale = rounded.float()
@@ -128,32 +172,66 @@ def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
 # -- layers ------------------------------------------------------------------------------------------
 
 class Int8Linear(_QuantLinear):
-    """qweight int8 [out, in] + scales float32 [out]; weight bytes: out * in (+ 4 * out)."""
+    """int8 codes q [out, in] with one float32 scale per output row (``scales`` [out]), in one of two
+    packings:
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False):
+    - ``native`` (specdecode/kernels/quant_gemm.c, where it builds and out % 16 == 0, in % 32 == 0):
+      qweight uint8 [out, in] holding q + 128 in 16-row tiles; activations quantized to int8 per
+      group of 32 inside the kernel.
+    - ``torch`` (PyTorch's ``_weight_int8pack_mm``; also the CUDA path): qweight int8 [out, in] plain.
+    Weight bytes: out * in (+ 4 * out).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, kernel: str = "auto"):
         super().__init__(in_features, out_features, bias)
         if in_features % 16:
             raise ValueError(f"Int8Linear needs in_features % 16 == 0 (the CPU kernel steps K by 16), "
                              f"got {in_features}")
-        self.register_buffer("qweight", torch.empty(out_features, in_features, dtype=torch.int8))
+        native = _native_kernels(kernel)
+        if native is not None and (out_features % TILE or in_features % INT8_GROUP):
+            if kernel == "native":
+                raise ValueError(f"the native int8 kernel needs out % {TILE} == 0 and in % {INT8_GROUP} == 0, "
+                                 f"got in={in_features} out={out_features}")
+            native = None
+        self._native = native
+        self._pack_rows = TILE if native is not None else 1
+        self.register_buffer("qweight", torch.empty(out_features, in_features,
+                                                    dtype=torch.uint8 if native is not None else torch.int8))
         self.register_buffer("scales", torch.empty(out_features))
         self._unit: torch.Tensor | None = None
 
+    @property
+    def kernel(self) -> str:
+        return "native" if self._native is not None else "torch"
+
     def _weight_device(self) -> torch.device:
+        if self._native is not None and self.qweight.device.type != "cpu":
+            raise NotImplementedError("the native int8 packing runs on CPU only")
         return self.qweight.device
 
     def _load_step(self, start: int, w: torch.Tensor) -> None:
         q, scale = quantize_int8(w)
-        self.qweight[start:start + len(w)] = q
         self.scales[start:start + len(w)] = scale
+        self._write_codes(start, q)
+
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        return pack_int8(codes) if self._native is not None else codes
+
+    def int8_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """q int8 [out, in], or only rows ids (int64) -> [len(ids), in] (a tied embedding's lookup)."""
+        if self._native is not None:
+            return unpack_int8(self.qweight, ids)
+        return self.qweight if ids is None else self.qweight[ids]
 
     def dequantize(self) -> torch.Tensor:
         """-> float32 [out, in], the weight this layer multiplies by."""
-        return self.qweight.float() * self.scales.float()[:, None]
+        return self.int8_rows().float() * self.scales.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.qweight
         x2d = x.reshape(-1, self.in_features)
+        if self._native is not None:
+            return self._finish(self._native.int8_gemm(x2d.float().contiguous(), w, self.scales, self.out_features), x)
         xc = _kernel_input(x2d, torch.bfloat16) if w.is_cpu else x2d.float().contiguous()
         # The kernel gets unit scales and the float32 scales are applied to its [M, out] result: the
         # bf16 result must be widened anyway, and this keeps the scales out of bf16.
@@ -162,38 +240,57 @@ class Int8Linear(_QuantLinear):
             unit = self._unit = torch.ones(self.out_features, dtype=xc.dtype, device=w.device)
         return self._finish(torch.ops.aten._weight_int8pack_mm(xc, w, unit) * self.scales, x)
 
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel={self.kernel}"
 
-# Rows of a CPU int4 pack block: the packing interleaves the rows of blocks of 64 (AVX512) or 32
-# (AVX2, other) rows, so a row range that starts on a multiple of 64 and ends on one (or at out) packs
-# on its own into exactly those rows of the packed weight; other ranges wait in _pending.
-_PACK_ROWS = 64
+
+def _native_kernels(kernel: str):
+    """The native kernels for kernel = auto | native | torch (None: use PyTorch's)."""
+    if kernel not in ("auto", "native", "torch"):
+        raise ValueError(f"unknown kernel {kernel!r} (auto, native, torch)")
+    native = native_kernels() if kernel != "torch" else None
+    if kernel == "native" and native is None:
+        raise RuntimeError("the native kernels cannot be built on this machine")
+    return native
 
 
 class Int4Linear(_QuantLinear):
-    """qweight uint8 [out, in / 2] in the CPU tinygemm layout + qparams [in / group_size, out, 2]
-    (bf16 bits of (scale, zero), kept as int16 so that module.to(dtype) leaves them alone).
+    """4-bit codes + a (scale, zero) pair per group of ``group_size`` inputs, in one of two packings:
 
-    The packed layout depends on the CPU's ISA level (AVX512 vs AVX2): pack on the machine that runs
-    it, never ship a state_dict of it to another machine.
+    - ``native`` (specdecode/kernels/quant_gemm.c, the default where it builds): qweight uint8
+      [out, in / 2] in 16-row tiles, qparams int16 [2, out / 16, in / group_size, 16] (half bits of
+      scale, zero). Activations are quantized to int8 per group inside the kernel.
+    - ``torch`` (PyTorch's ``_weight_int4pack_mm_for_cpu``): qweight uint8 [out, in / 2] in the
+      tinygemm layout, qparams int16 [in / group_size, out, 2] (bf16 bits of scale, zero); activations
+      are cast to bfloat16.
+
+    qparams are kept as int16 so that module.to(dtype) leaves them alone. Both packings depend on the
+    machine (the torch one on its ISA level): pack where it runs, never ship a state_dict of it.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int = 128):
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int = 128,
+                 kernel: str = "auto"):
         super().__init__(in_features, out_features, bias)
-        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
-            raise RuntimeError(f"Int4Linear needs torch.ops.aten._weight_int4pack_mm_for_cpu, "
-                               f"absent from torch {torch.__version__}")
         if group_size not in (32, 64, 128, 256) or in_features % group_size or out_features % 16:
             raise ValueError(f"Int4Linear needs group_size in 32/64/128/256 dividing in_features and "
                              f"out_features % 16 == 0, got in={in_features} out={out_features} group={group_size}")
+        native = _native_kernels(kernel)
+        if native is None and not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+            raise RuntimeError(f"Int4Linear needs the native kernel or torch.ops.aten._weight_int4pack_mm_for_cpu, "
+                               f"absent from torch {torch.__version__}")
         self.group_size = group_size
+        self._native = native
+        # The tinygemm packing interleaves blocks of 64 (AVX512) or 32 (AVX2) rows; the native one
+        # works in 16-row tiles.
+        self._pack_rows = TILE if native is not None else 64
+        groups = in_features // group_size
         self.register_buffer("qweight", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
-        self.register_buffer("qparams", torch.empty(in_features // group_size, out_features, 2, dtype=torch.int16))
-        self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block start -> (codes, rows filled)
+        shape = (2, out_features // TILE, groups, TILE) if native is not None else (groups, out_features, 2)
+        self.register_buffer("qparams", torch.empty(shape, dtype=torch.int16))
 
     @property
-    def pending_rows(self) -> int:
-        """Rows quantized but not yet packed, waiting for the rest of their 64-row block."""
-        return sum(int(filled.sum()) for _, filled in self._pending.values())
+    def kernel(self) -> str:
+        return "native" if self._native is not None else "torch"
 
     def _weight_device(self) -> torch.device:
         if self.qweight.device.type != "cpu":
@@ -201,36 +298,42 @@ class Int4Linear(_QuantLinear):
         return self.qweight.device
 
     def _load_step(self, start: int, w: torch.Tensor) -> None:
-        codes, scale, zero = quantize_int4(w, self.group_size)
+        codes, scale, zero = quantize_int4(w, self.group_size,
+                                           torch.float16 if self._native is not None else torch.bfloat16)
         end = start + len(w)
-        self.qparams[:, start:end] = torch.stack([scale, zero], -1).to(torch.bfloat16).view(torch.int16).transpose(0, 1)
-        codes = codes.to(torch.int32)  # the packing op takes one int32 per code
-        a = min(-(-start // _PACK_ROWS) * _PACK_ROWS, end)
-        b = end if end == self.out_features else max(a, end // _PACK_ROWS * _PACK_ROWS)
-        if a < b:
-            self.qweight[a:b] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[a - start:b - start], 1)
-        for lo, hi in ((start, a), (b, end)):
-            if lo < hi:
-                self._stash(lo, codes[lo - start:hi - start])
+        if self._native is not None:
+            self._store_scales(start, scale, zero)
+            codes_u8 = codes
+        else:
+            self.qparams[:, start:end] = torch.stack([scale, zero], -1).to(torch.bfloat16).view(torch.int16) \
+                .transpose(0, 1)
+            codes_u8 = codes.to(torch.int32)  # the tinygemm packing op takes one int32 per code
+        self._write_codes(start, codes_u8)
 
-    def _stash(self, start: int, codes: torch.Tensor) -> None:
-        block = start // _PACK_ROWS * _PACK_ROWS
-        size = min(_PACK_ROWS, self.out_features - block)
-        buf, filled = self._pending.setdefault(
-            block, (torch.zeros(size, self.in_features, dtype=torch.int32), torch.zeros(size, dtype=torch.bool)))
-        buf[start - block:start - block + len(codes)] = codes
-        filled[start - block:start - block + len(codes)] = True
-        if filled.all():
-            self.qweight[block:block + size] = torch.ops.aten._convert_weight_to_int4pack_for_cpu(buf, 1)
-            del self._pending[block]
+    def _pack(self, codes: torch.Tensor) -> torch.Tensor:
+        if self._native is not None:
+            return pack_int4(codes, self.group_size)
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+
+    def _store_scales(self, start: int, scale: torch.Tensor, zero: torch.Tensor) -> None:
+        """Native packing: scale/zero rows [start, start + n) into their tiles' lanes."""
+        for i, values in enumerate((scale, zero)):
+            bits = values.to(torch.float16).view(torch.int16)  # [n, groups]
+            rows = torch.arange(start, start + len(values))
+            self.qparams[i, rows // TILE, :, rows % TILE] = bits
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.qweight
         if not w.is_cpu:
             self._weight_device()  # raises
-        xc = _kernel_input(x.reshape(-1, self.in_features), torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, w, self.group_size, self.qparams.view(torch.bfloat16))
+        x2d = x.reshape(-1, self.in_features)
+        if self._native is not None:
+            y = self._native.int4_gemm(x2d.float().contiguous(), w, self.qparams[0], self.qparams[1],
+                                  self.out_features, self.group_size)
+        else:
+            xc = _kernel_input(x2d, torch.bfloat16)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, w, self.group_size, self.qparams.view(torch.bfloat16))
         return self._finish(y, x)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, group_size={self.group_size}"
+        return f"{super().extra_repr()}, group_size={self.group_size}, kernel={self.kernel}"

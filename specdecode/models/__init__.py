@@ -12,14 +12,15 @@ QUANT_KINDS = ("none", "int8", "int4")
 INT4_GROUP = 32  # GGUF Q4_K sub-block size: 4x finer scales than 128, for ~5-12% more time per GEMV (measured)
 
 
-def _quantized(linear: nn.Linear, quant: str) -> nn.Module:
+def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module:
     from ..layers.quant import Int4Linear, Int8Linear
 
     bias = linear.bias is not None
+    kernel = "auto" if device.type == "cpu" else "torch"  # the native kernels are CPU code
     if quant == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
-        return Int4Linear(linear.in_features, linear.out_features, bias, group_size=INT4_GROUP)
+        return Int4Linear(linear.in_features, linear.out_features, bias, group_size=INT4_GROUP, kernel=kernel)
     if linear.in_features % 16 == 0:
-        return Int8Linear(linear.in_features, linear.out_features, bias)
+        return Int8Linear(linear.in_features, linear.out_features, bias, kernel=kernel)
     return linear  # a shape no kernel takes stays in the float dtype
 
 
@@ -41,13 +42,14 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: st
             for mod in list(model.modules()):
                 for name, child in list(mod.named_children()):
                     if isinstance(child, nn.Linear):
-                        setattr(mod, name, _quantized(child, head_quant if name == "lm_head" else quant))
+                        setattr(mod, name, _quantized(child, head_quant if name == "lm_head" else quant,
+                                                      torch.device(device)))
             model.embed_tokens = Int8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
     # to_empty allocates each tensor once, uninitialised, in its final dtype: loading a model never
     # holds a second full copy of it.
     model = model.to_empty(device=device)
     if quant != "none" and model.lm_head is not None and cfg.tie_word_embeddings and hasattr(model.lm_head, "qweight") \
-            and model.lm_head.qweight.dtype == torch.int8:
+            and hasattr(model.lm_head, "int8_rows"):
         model.embed_tokens.share_with(model.lm_head)  # one int8 table for the tied embedding and head
     for m in model.modules():
         if m.__class__.__name__ == "RMSNorm":

@@ -1,0 +1,163 @@
+"""Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
+
+One library today: ``quant_gemm.c``, weight-only int4 and int8 GEMMs (see its header for why they
+exist and their exact arithmetic). It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
+called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
+compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
+get None from ``native_kernels()`` and use PyTorch's own kernels.
+
+Threads: the library links the same ``libgomp.so.1`` that PyTorch loaded (same soname), so its
+parallel loops share PyTorch's OpenMP pool and follow ``torch.set_num_threads``.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+TILE = 16  # output rows per packed tile (quant_gemm.c)
+INT8_GROUP = 32  # activation quantization group of the int8 kernel
+_SOURCE = Path(__file__).with_name("quant_gemm.c")
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("SPECDECODE_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specdecode")
+    return Path(root) / "kernels"
+
+
+def _cpu_key() -> str:
+    """The CPU's model and flags: a cache shared between machines never hands one another's build."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    keep = [ln for ln in lines if ln.startswith(("model name", "flags"))][:2]
+    return "\n".join(keep)
+
+
+def _build(cc: str, flags: list[str]) -> Path:
+    """Compiles the library once per (source, flags, compiler, CPU); concurrent builders race
+    harmlessly (each writes a temporary file and renames it into place)."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([_SOURCE.read_text(), " ".join(flags), version, _cpu_key()]).encode())
+    out = _cache_dir() / f"quant_gemm-{key.hexdigest()[:16]}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([cc, *flags, str(_SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if "error" in ln] or ["compiler failed"]
+            raise RuntimeError(lines[0].strip())
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+@dataclass(frozen=True)
+class NativeKernels:
+    """The loaded library. Both GEMMs take x float32 contiguous [R, K] and return float32 [R, N]."""
+    lib: ctypes.CDLL
+    isa: str
+
+    def int4_gemm(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                  n: int, group_size: int) -> torch.Tensor:
+        """packed uint8 [N, K / 2] (pack_int4); scale, zero int16 (half bits) [N / 16, K / gs, 16]."""
+        r, k = x.shape
+        y = torch.empty(r, n)
+        xq = torch.empty(r, k, dtype=torch.int8)
+        stats = torch.empty(2, r, k // group_size)  # per-group activation scale and sum
+        self.lib.specdecode_int4_gemm(
+            x.data_ptr(), r, k, n, group_size, packed.data_ptr(), scale.data_ptr(), zero.data_ptr(),
+            y.data_ptr(), xq.data_ptr(), stats[0].data_ptr(), stats[1].data_ptr(), torch.get_num_threads())
+        return y
+
+    def int8_gemm(self, x: torch.Tensor, packed: torch.Tensor, wscale: torch.Tensor, n: int) -> torch.Tensor:
+        """packed uint8 [N, K] (pack_int8); wscale float32 [N]."""
+        r, k = x.shape
+        y = torch.empty(r, n)
+        xq = torch.empty(r, k, dtype=torch.int8)
+        stats = torch.empty(3, r, k // INT8_GROUP)  # per-group activation scale, sum, integer sum
+        corr = torch.empty(r)
+        self.lib.specdecode_int8_gemm(
+            x.data_ptr(), r, k, n, packed.data_ptr(), wscale.data_ptr(), y.data_ptr(), xq.data_ptr(),
+            stats[0].data_ptr(), stats[1].data_ptr(), stats[2].data_ptr(), corr.data_ptr(), torch.get_num_threads())
+        return y
+
+
+def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
+    """Builds (or finds in the cache) and loads the library; raises RuntimeError or OSError where it
+    cannot. extra_flags are appended to the compiler's (tests build the AVX2 body with -mno-avx512f)."""
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise RuntimeError("no C compiler found")
+    lib = ctypes.CDLL(str(_build(cc, [*_FLAGS, *extra_flags])))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.specdecode_int4_gemm.argtypes = [p, i, i, i, i, p, p, p, p, p, p, p, i]
+    lib.specdecode_int4_gemm.restype = None
+    lib.specdecode_int8_gemm.argtypes = [p, i, i, i, p, p, p, p, p, p, p, p, i]
+    lib.specdecode_int8_gemm.restype = None
+    lib.specdecode_isa.restype = ctypes.c_char_p
+    return NativeKernels(lib, lib.specdecode_isa().decode())
+
+
+@lru_cache(maxsize=1)
+def native_kernels() -> NativeKernels | None:
+    """The native kernels, or None where they cannot run here (logged once, with the reason)."""
+    if os.environ.get("SPECDECODE_NATIVE_KERNELS", "1") == "0":
+        return None
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    try:
+        return load_native_kernels()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        log.warning("native kernels unavailable (%s): quantized layers use PyTorch's kernels", exc)
+        return None
+
+
+def pack_int4(codes: torch.Tensor, group_size: int) -> torch.Tensor:
+    """codes uint8 [N, K] in 0..15 (N % 16 == 0) -> uint8 [N, K / 2] in quant_gemm.c's int4 tile layout:
+    rows 16 t .. 16 t + 15 of the result hold tile t, so row ranges on 16-row boundaries pack alone."""
+    n, k = codes.shape
+    c = group_size // 8
+    # codes[16 t + l, g gs + 8 j + 4 h + b] -> [t, g, j, l, b, h]; h = 0 low nibble, 1 high nibble.
+    v = codes.reshape(n // TILE, TILE, k // group_size, c, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    v = v.to(torch.uint8)
+    packed = v[..., 0] | (v[..., 1] << 4)
+    return packed.reshape(n, k // 2)
+
+
+
+def pack_int8(q: torch.Tensor) -> torch.Tensor:
+    """q int8 [N, K] (N % 16 == 0, K % 4 == 0) -> uint8 [N, K] in quant_gemm.c's int8 tile layout
+    (u = q + 128; rows 16 t .. 16 t + 15 hold tile t)."""
+    n, k = q.shape
+    u = (q.to(torch.int16) + 128).to(torch.uint8)
+    # u[16 t + l, 4 j + b] -> [t, j, l, b]
+    return u.reshape(n // TILE, TILE, k // 4, 4).transpose(1, 2).reshape(n, k)
+
+
+def unpack_int8(packed: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse of pack_int8 -> int8 [N, K], or only the given rows (int64 ids) -> [len(rows), K]."""
+    n, k = packed.shape
+    tiles = packed.view(n // TILE, k // 4, TILE, 4)
+    u = tiles.transpose(1, 2).reshape(n, k) if rows is None else tiles[rows // TILE, :, rows % TILE, :].reshape(-1, k)
+    return (u.to(torch.int16) - 128).to(torch.int8)

@@ -1,0 +1,294 @@
+/* Weight-only int4 and int8 GEMM for CPU decode and verify: y[R, N] = x[R, K] @ W[N, K]^T.
+ *
+ * Why kernels of our own: PyTorch's CPU int4 and int8 kernels widen every weight to bfloat16 before
+ * the dot product, so one core handles ~7-10 GB/s of weights (compute-bound, well below DRAM bandwidth), and
+ * it works in blocks of 4 activation rows, so verifying 5-8 tokens costs ~3x one token. Here the
+ * activations are quantized to int8 per group (as llama.cpp does for its Q4 x Q8 dot products) and the
+ * 4-bit codes meet them in integer dot-product instructions (AVX512-VNNI vpdpbusd, or AVX2
+ * maddubs+madd): unpacking a weight costs ~1/32 instruction, it is shared by every activation row,
+ * and each row adds ~1 instruction per 64 multiply-adds. Decode becomes bandwidth-bound and a verify
+ * of up to 8 rows reads the weights once.
+ *
+ * int4 weight format (packed by specdecode/kernels/__init__.py:pack_int4): codes c in 0..15 with
+ *   w[n, k] = (c[n, k] - 8) * scale[n, g] + zero[n, g],   g = k / gs
+ * (the format of layers/quant.py:quantize_int4), scale and zero stored as IEEE half.
+ * Outputs come in tiles of 16 rows (n = 16 t + l). Within tile t and group g the 16 x gs codes fill
+ * gs / 8 chunks of 64 bytes; byte 4 l + b of chunk j holds
+ *   low nibble:  c[16 t + l, g gs + 8 j + b]      high nibble: c[16 t + l, g gs + 8 j + 4 + b]
+ * so one 64-byte load gives, per nibble half, 4 consecutive codes of each of the 16 rows: exactly
+ * the operand of one vpdpbusd against 4 activation bytes broadcast to all lanes.
+ *   packed: uint8  [N/16, K/gs, gs/8, 64]      scale, zero: uint16 (half bits) [N/16, K/gs, 16]
+ *
+ * Activations: per row r and group g, sx = max|x| / 127, xq = rint(x / sx) in [-127, 127], and
+ * xsum = sum of the float x. Then, exactly,
+ *   y[r, n] = sum_g  scale * sx * sum_k c * xq  +  (zero - 8 scale) * xsum        (k in group g)
+ * where only the activation rounding (|x - sx xq| <= sx / 2) departs from the float product.
+ *
+ * int8 weight format (pack_int8): w[n, k] = q[n, k] * wscale[n], q in -127..127 stored as the
+ * unsigned byte u = q + 128 (vpdpbusd multiplies unsigned by signed bytes), in the same 16-row tiles:
+ * byte 4 l + b of chunk j (64 bytes) of tile t holds u[16 t + l, 4 j + b].
+ *   packed: uint8 [N/16, K/4, 64]      wscale: float32 [N]
+ * With the same int8 activations (groups of gs = 32) and xqsum = sum of xq per group:
+ *   y[r, n] = wscale[n] * (sum_g sx (sum_k u xq) - 128 sum_g sx xqsum)
+ * and the second term does not depend on n: one subtraction per row at the end.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stddef.h>
+
+#define TILE 16
+#define MAX_ROWS 8 /* activation rows per pass over a tile's weights (registers: 2 per row) */
+
+/* x [R, K] float -> xq int8 [R, K], sx / xsum float [R, K / gs]; xqsum (may be NULL): the integer
+ * sums of xq per group, as float. */
+static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
+    const int G = K / gs;
+    for (int r = 0; r < R; r++) {
+        for (int g = 0; g < G; g++) {
+            const float *p = x + (size_t)r * K + (size_t)g * gs;
+            int8_t *q = xq + (size_t)r * K + (size_t)g * gs;
+            float amax = 0.f, sum = 0.f;
+            for (int i = 0; i < gs; i++) {
+                const float a = fabsf(p[i]);
+                amax = a > amax ? a : amax;
+                sum += p[i];
+            }
+            const float inv = amax > 0.f ? 127.f / amax : 0.f;
+            int qsum = 0;
+            for (int i = 0; i < gs; i++) {
+                q[i] = (int8_t)lrintf(p[i] * inv); /* |p inv| <= 127 */
+                qsum += q[i];
+            }
+            sx[(size_t)r * G + g] = amax / 127.f;
+            xsum[(size_t)r * G + g] = sum;
+            if (xqsum) xqsum[(size_t)r * G + g] = (float)qsum;
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define SPECDECODE_ISA "avx512vnni"
+#define INT8_UNSIGNED_BIAS 1 /* vpdpbusd sees u = q + 128: the kernel subtracts 128 sum(sx xq) */
+
+/* Rows [r0, r0 + RB) against tile t: RB is a compile-time constant after inlining. */
+static inline __attribute__((always_inline)) void tile_rows(
+    const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t, const int8_t *xq,
+    const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
+    const int G = K / gs, C = gs / 8;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[MAX_ROWS];
+    for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        const size_t tg = (size_t)t * G + g;
+        const uint8_t *wg = w + tg * (size_t)(C * 64);
+        const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
+        __m512i dot[MAX_ROWS];
+        for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
+        for (int j = 0; j < C; j++) {
+            const __m512i b = _mm512_loadu_si512((const void *)(wg + (size_t)j * 64));
+            const __m512i lo = _mm512_and_si512(b, low);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
+            for (int i = 0; i < RB; i++) {
+                const int8_t *xp = xg + (size_t)i * K + 8 * j;
+                dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(*(const int32_t *)xp));
+                dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(*(const int32_t *)(xp + 4)));
+            }
+        }
+        const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + tg * TILE)));
+        const __m512 zv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(z + tg * TILE)));
+        const __m512 mv = _mm512_fmadd_ps(_mm512_set1_ps(-8.f), sv, zv);
+        for (int i = 0; i < RB; i++) {
+            const size_t rg = (size_t)(r0 + i) * G + g;
+            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_set1_ps(sx[rg]));
+            acc[i] = _mm512_fmadd_ps(f, sv, acc[i]);
+            acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[rg]), acc[i]);
+        }
+    }
+    for (int i = 0; i < RB; i++) _mm512_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE, acc[i]);
+}
+
+/* int8: rows [r0, r0 + RB) against tile t; acc holds sum_g sx * dot before the per-row terms. */
+static inline __attribute__((always_inline)) void tile_rows_i8(
+    const uint8_t *w, const float *ws, int K, int t, const int8_t *xq, const float *sx, const float *corr,
+    int r0, const int RB, float *y, int N) {
+    const int G = K / 32;
+    __m512 acc[MAX_ROWS];
+    for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
+    const uint8_t *wt = w + (size_t)t * TILE * K;
+    for (int g = 0; g < G; g++) {
+        __m512i dot[MAX_ROWS];
+        for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            const __m512i b = _mm512_loadu_si512((const void *)(wt + ((size_t)g * 8 + j) * 64));
+            for (int i = 0; i < RB; i++) {
+                const int32_t v = *(const int32_t *)(xq + (size_t)(r0 + i) * K + (size_t)g * 32 + 4 * j);
+                dot[i] = _mm512_dpbusd_epi32(dot[i], b, _mm512_set1_epi32(v));
+            }
+        }
+        for (int i = 0; i < RB; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_set1_ps(sx[(size_t)(r0 + i) * G + g]), acc[i]);
+    }
+    const __m512 sv = _mm512_loadu_ps(ws + (size_t)t * TILE);
+    for (int i = 0; i < RB; i++)
+        _mm512_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE,
+                         _mm512_mul_ps(_mm512_sub_ps(acc[i], _mm512_set1_ps(corr[r0 + i])), sv));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define SPECDECODE_ISA "avx2"
+#define INT8_UNSIGNED_BIAS 0 /* the AVX2 body multiplies q itself */
+
+/* u8 x s8 dot products of 4-byte lanes, added to acc: AVX2 has no vpdpbusd. maddubs cannot
+ * saturate here: 2 * 15 * 127 < 32767. */
+static inline __m256i dot4(__m256i acc, __m256i u, __m256i v) {
+    const __m256i pairs = _mm256_maddubs_epi16(u, v);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+}
+
+static inline __attribute__((always_inline)) void tile_rows(
+    const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t, const int8_t *xq,
+    const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
+    const int G = K / gs, C = gs / 8;
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    __m256 acc[MAX_ROWS][2];
+    for (int i = 0; i < RB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        const size_t tg = (size_t)t * G + g;
+        const uint8_t *wg = w + tg * (size_t)(C * 64);
+        const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
+        __m256i dot[MAX_ROWS][2];
+        for (int i = 0; i < RB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+        for (int j = 0; j < C; j++) {
+            for (int h = 0; h < 2; h++) { /* lanes 0-7, then 8-15 */
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(wg + (size_t)j * 64 + 32 * h));
+                const __m256i lo = _mm256_and_si256(b, low);
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+                for (int i = 0; i < RB; i++) {
+                    const int8_t *xp = xg + (size_t)i * K + 8 * j;
+                    dot[i][h] = dot4(dot[i][h], lo, _mm256_set1_epi32(*(const int32_t *)xp));
+                    dot[i][h] = dot4(dot[i][h], hi, _mm256_set1_epi32(*(const int32_t *)(xp + 4)));
+                }
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + tg * TILE + 8 * h)));
+            const __m256 zv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(z + tg * TILE + 8 * h)));
+            const __m256 mv = _mm256_fmadd_ps(_mm256_set1_ps(-8.f), sv, zv);
+            for (int i = 0; i < RB; i++) {
+                const size_t rg = (size_t)(r0 + i) * G + g;
+                const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_set1_ps(sx[rg]));
+                acc[i][h] = _mm256_fmadd_ps(f, sv, acc[i][h]);
+                acc[i][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[rg]), acc[i][h]);
+            }
+        }
+    }
+    for (int i = 0; i < RB; i++)
+        for (int h = 0; h < 2; h++)
+            _mm256_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE + 8 * h, acc[i][h]);
+}
+
+/* int8, AVX2: as the AVX512 body, 8 lanes at a time. */
+static inline __attribute__((always_inline)) void tile_rows_i8(
+    const uint8_t *w, const float *ws, int K, int t, const int8_t *xq, const float *sx, const float *corr,
+    int r0, const int RB, float *y, int N) {
+    const int G = K / 32;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[MAX_ROWS][2];
+    for (int i = 0; i < RB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const uint8_t *wt = w + (size_t)t * TILE * K;
+    for (int g = 0; g < G; g++) {
+        __m256i dot[MAX_ROWS][2];
+        for (int i = 0; i < RB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            for (int h = 0; h < 2; h++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(wt + ((size_t)g * 8 + j) * 64 + 32 * h));
+                const __m256i q = _mm256_xor_si256(b, _mm256_set1_epi8((char)0x80)); /* u - 128 */
+                const __m256i aq = _mm256_abs_epi8(q);
+                for (int i = 0; i < RB; i++) {
+                    const int32_t v = *(const int32_t *)(xq + (size_t)(r0 + i) * K + (size_t)g * 32 + 4 * j);
+                    /* u up to 255 would saturate maddubs pairs (2 * 255 * 127 > 32767), so
+                     * multiply |q| by x carrying q's sign: pairs <= 2 * 127 * 127 (llama.cpp's trick). */
+                    const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(v), q);
+                    dot[i][h] = _mm256_add_epi32(dot[i][h], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, xs), ones));
+                }
+            }
+        }
+        for (int i = 0; i < RB; i++)
+            for (int h = 0; h < 2; h++)
+                acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_set1_ps(sx[(size_t)(r0 + i) * G + g]),
+                                            acc[i][h]);
+    }
+    for (int i = 0; i < RB; i++)
+        for (int h = 0; h < 2; h++) {
+            const __m256 sv = _mm256_loadu_ps(ws + (size_t)t * TILE + 8 * h);
+            _mm256_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE + 8 * h,
+                             _mm256_mul_ps(_mm256_sub_ps(acc[i][h], _mm256_set1_ps(corr[r0 + i])), sv));
+        }
+}
+
+#else
+#error "quant_gemm.c needs AVX512-VNNI or AVX2+FMA+F16C (the loader falls back to PyTorch's kernel)"
+#endif
+
+static void tile(const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t,
+                 const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N) {
+    int r0 = 0;
+    for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS)
+        tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, MAX_ROWS, y, N);
+    switch (R - r0) { /* one specialised body per remainder, so the row loops unroll */
+    case 1: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 1, y, N); break;
+    case 2: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 2, y, N); break;
+    case 3: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 3, y, N); break;
+    case 4: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 4, y, N); break;
+    case 5: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 5, y, N); break;
+    case 6: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 6, y, N); break;
+    case 7: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 7, y, N); break;
+    default: break;
+    }
+}
+
+static void tile_i8(const uint8_t *w, const float *ws, int K, int t, const int8_t *xq, const float *sx,
+                    const float *corr, int R, float *y, int N) {
+    int r0 = 0;
+    for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS) tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, MAX_ROWS, y, N);
+    switch (R - r0) {
+    case 1: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 1, y, N); break;
+    case 2: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 2, y, N); break;
+    case 3: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 3, y, N); break;
+    case 4: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 4, y, N); break;
+    case 5: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 5, y, N); break;
+    case 6: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 6, y, N); break;
+    case 7: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 7, y, N); break;
+    default: break;
+    }
+}
+
+const char *specdecode_isa(void) { return SPECDECODE_ISA; }
+
+/* y [R, N] = x [R, K] @ W^T. scratch: R * K bytes + 2 * R * (K / gs) floats, caller-owned.
+ * Preconditions (checked by the caller): N % 16 == 0, K % gs == 0, gs % 8 == 0, R >= 1. */
+void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uint8_t *w, const uint16_t *s,
+                          const uint16_t *z, float *y, int8_t *xq, float *sx, float *xsum, int threads) {
+    quantize_rows(x, R, K, gs, xq, sx, xsum, NULL);
+    const int T = N / TILE;
+    /* Static schedule: each thread streams one contiguous range of tiles (prefetch-friendly). */
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < T; t++) tile(w, s, z, K, gs, t, xq, sx, xsum, R, y, N);
+}
+
+/* y [R, N] = x [R, K] @ (wscale * q)^T. scratch: R * K bytes + 3 * R * (K / 32) floats (+ R floats),
+ * caller-owned. Preconditions (checked by the caller): N % 16 == 0, K % 32 == 0, R >= 1. */
+void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w, const float *ws, float *y,
+                          int8_t *xq, float *sx, float *xsum, float *xqsum, float *corr, int threads) {
+    const int G = K / 32;
+    quantize_rows(x, R, K, 32, xq, sx, xsum, xqsum);
+    for (int r = 0; r < R; r++) { /* 128 sum_g sx xqsum: the +128 bias of the unsigned weights */
+        float c = 0.f;
+        for (int g = 0; g < G; g++) c += sx[(size_t)r * G + g] * xqsum[(size_t)r * G + g];
+        corr[r] = INT8_UNSIGNED_BIAS ? 128.f * c : 0.f;
+    }
+    const int T = N / TILE;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int t = 0; t < T; t++) tile_i8(w, ws, K, t, xq, sx, corr, R, y, N);
+}
