@@ -60,10 +60,16 @@ class Attention(nn.Module):
         masked call over more keys, or over several queries, reduces in another order. Padded query
         rows (j >= num_new[b]) stay zero. Costs ~T small calls per layer (verify: T <= ~10)."""
         B, H, T, D = q.shape
-        out = q.new_zeros(B, H, T, D)
+        G = H // self.hkv
+        qf = q.reshape(B, self.hkv, G, T, D)  # a view: head h = kv head h // G, group member h % G
+        rows = []
         for b, row in enumerate(ctx.row_keys()):
+            outs = []
             for j, (n, idx) in enumerate(row):
                 k, v = (keys[b:b + 1, :, :n], values[b:b + 1, :, :n]) if idx is None else \
                     (keys[b:b + 1, :, idx], values[b:b + 1, :, idx])
-                out[b, :, j] = self._grouped(q[b:b + 1, :, j:j + 1], k, v, None)[0, :, 0]
-        return out
+                outs.append(F.scaled_dot_product_attention(qf[b:b + 1, :, :, j], k, v))  # [1, Hkv, G, D]
+            if len(outs) < T:
+                outs += [outs[0].new_zeros(outs[0].shape)] * (T - len(outs))
+            rows.append(torch.stack(outs, dim=3))  # [1, Hkv, G, T, D]
+        return torch.cat(rows).view(B, H, T, D)
