@@ -111,9 +111,53 @@ def test_cache_after_many_spec_steps_equals_fresh_prefill(temperature):
     # and the draft model's cache equals a fresh prefill of what it claims to hold
     prop = eng.proposer
     dslot, dlen = seq.spec_state["draft_slot"], seq.spec_state["draft_len"]
+    assert seq.spec_state["skipped"] == 0  # it drafted every step: never idle, nothing skipped
     dfresh = prop.kv.allocate()
     prop.runner.forward([dfresh], [seq.tokens[:dlen]])
     torch.testing.assert_close(prop.kv.k[:, dslot, :, :dlen], prop.kv.k[:, dfresh, :, :dlen], rtol=0, atol=ATOL)
+
+
+def test_idle_draft_model_catches_up_on_the_last_tokens_only():
+    """After k = 0 steps the draft model feeds only the last CATCH_UP pending tokens, at their true
+    positions: its cache is then what it held plus those tokens, it drafts what that context predicts,
+    and the output stays token-identical to plain greedy decoding."""
+    from specdecode.spec.draft_model import CATCH_UP
+
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompt = _ids(8, 8)
+    plain = tiny_llm().generate(prompt, params)[0].token_ids
+    llm = tiny_llm("draft", draft_seed=0, draft_noise=0.3, draft_max=3, draft_p_min=0.0)
+    eng, prop = llm.engine, llm.engine.proposer
+    seq = eng.add_request(prompt, params)
+    eng._draft_length = lambda s, batch: 0  # the controller keeps the draft idle for 10 steps
+    for _ in range(10):
+        eng.step()
+    del eng._draft_length
+    st = seq.spec_state
+    held, n = st["draft_len"], len(seq.tokens)
+    assert n - held > CATCH_UP
+    tree = prop.propose([seq], [3])[0]
+    assert st["skipped"] == n - held - CATCH_UP
+    # reference: a fresh slot fed what the draft held, then the last CATCH_UP tokens at their positions
+    ref = prop.kv.allocate()
+    prop.runner.forward([ref], [seq.tokens[:held]], logits=False)
+    prop.kv.set_length(ref, held)
+    feed, pos, expect = seq.tokens[-CATCH_UP:], n - CATCH_UP, []
+    for _ in range(3):
+        logits = prop.runner.forward([ref], [feed], [range(pos, pos + len(feed))], last_only=True)[0]
+        prop.kv.set_length(ref, prop.kv.lengths[ref] + len(feed))
+        pos += len(feed)
+        feed = [int(logits[0].argmax())]
+        expect.append(feed[0])
+    assert tree.tokens == expect
+    L = held + CATCH_UP
+    dslot = st["draft_slot"]
+    torch.testing.assert_close(prop.kv.k[:, dslot, :, :L], prop.kv.k[:, ref, :, :L], rtol=0, atol=ATOL)
+    prop.kv.free(ref)
+    prop.commit(seq, 0)  # the probe above ran outside the engine: roll it back as a full rejection
+    while not seq.finished:
+        eng.step()
+    assert seq.output_ids == plain
 
 
 def test_budget_sizing_and_clear_error():
