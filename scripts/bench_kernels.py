@@ -35,13 +35,13 @@ def main():
         raise SystemExit("native kernels not available on this machine")
     shapes = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)] * 28  # qkv, o, gate_up, down
     mats = [(n, kk, torch.randint(0, 256, (n, kk // 2), dtype=torch.uint8),
-             torch.full((n // 16, kk // 32, 16), 0x2000, dtype=torch.int16)) for n, kk in shapes]
-    int4_bytes = sum(p.numel() + 2 * s.numel() * 2 for _, _, p, s in mats)
+             torch.full((2, n // 16, kk // 32, 16), 0x2000, dtype=torch.int16)) for n, kk in shapes]
+    int4_bytes = sum(p.numel() + s.numel() * 2 for _, _, p, s in mats)
     head, head_scale = torch.randint(0, 256, (151936, 1536), dtype=torch.uint8), torch.ones(151936)
     print(f"isa {k.isa}, int4 matrices {int4_bytes / 1e6:.0f} MB, int8 head {head.numel() / 1e6:.0f} MB")
     for r in (1, 5, 9):
         xs = {kk: torch.randn(r, kk) for kk in (1536, 8960)}
-        t4 = median_time(lambda: [k.int4_gemm(xs[kk], p, s, s, n, 32) for n, kk, p, s in mats])
+        t4 = median_time(lambda: [k.int4_gemm(xs[kk], p, s, n, 32) for n, kk, p, s in mats])
         t8 = median_time(lambda: k.int8_gemm(xs[1536], head, head_scale, 151936))
         print(f"R={r}: int4 {t4 * 1e3:.1f} ms = {int4_bytes / t4 / 1e9:.1f} GB/s | "
               f"int8 head {t8 * 1e3:.1f} ms = {head.numel() / t8 / 1e9:.1f} GB/s")

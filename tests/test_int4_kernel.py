@@ -54,7 +54,7 @@ def test_kernel_equals_its_exact_arithmetic(kernel, group_size):
     for rows in (1, 2, 7, 8, 9, 19):  # every remainder path of the 8-row passes
         x = torch.randn(rows, k)
         x[0, :group_size] = 0  # an all-zero activation group (scale 0)
-        y = kernel.int4_gemm(x, packed, tiles(scale), tiles(zero), n, group_size)
+        y = kernel.int4_gemm(x, packed, torch.stack([tiles(scale), tiles(zero)]), n, group_size)
         ref = exact_reference(x, codes, scale, zero, group_size)
         # Left: float32 rounding of a few products and sums per group (|terms| <= ~3 |ref| scale).
         scale_of = (x.double().abs() @ (codes.double() * scale.double().repeat_interleave(group_size, 1)

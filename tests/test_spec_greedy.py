@@ -84,3 +84,35 @@ def test_draft_model_ingests_the_prompt_during_prefill():
     fed.clear()
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert fed[0] == (False, [len(prompt) - 1])
+
+
+@pytest.mark.integration
+def test_smollm2_quantized_greedy_identical_for_every_proposer():
+    """On the real SmolLM2 GGUF in its default low-bit form (native int4/int8 kernels), greedy
+    speculative output equals plain greedy output for every proposer: verified tokens get the bits
+    that decoding them one at a time gives (row-invariant kernels, row_exact verify attention)."""
+    from specdecode import LLM
+    from specdecode.kernels import native_kernels
+
+    if native_kernels() is None:
+        pytest.skip("native kernels not buildable here (PyTorch's kernels are not row-invariant)")
+    try:
+        from specdecode.store import resolve_model
+        path = str(resolve_model("smollm2-135m-instruct", quiet=True))
+    except Exception as e:  # no network: optional
+        pytest.skip(f"SmolLM2 GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    plain = LLM(path, max_model_len=512)
+    ids = plain.encode_chat([{"role": "user", "content": "Write a Python function that checks whether a "
+                                                         "number is prime, then explain it."}])
+    params = SamplingParams(temperature=0, max_tokens=48)
+    expected = plain.generate(ids, params)[0].token_ids
+    for kw in (dict(spec_type="ngram-simple", draft_fixed=True), dict(spec_type="ngram"),
+               dict(spec_type="draft", model_draft=path, draft_fixed=True, draft_max=4),
+               dict(spec_type="eagle3", draft_fixed=True), dict(spec_type="eagle3", num_steps=3, eagle_topk=2,
+                                                                num_draft_tokens=6, draft_fixed=True)):
+        llm = LLM("smollm2-135m-instruct", max_model_len=512, _model=plain.engine.model,
+                  _tokenizer=plain.tokenizer, **kw)
+        out = llm.generate(ids, params)[0]
+        assert out.token_ids == expected, kw
+        if kw["spec_type"] in ("draft", "eagle3"):
+            assert out.stats["spec"]["draft_tokens"] > 0, kw

@@ -28,7 +28,7 @@ class Context:
     capture_layers: tuple[int, ...] = ()
     captured: dict[int, torch.Tensor] = field(default_factory=dict)
     # Attend query by query, each exactly as a one-token decode of it would (see Attention): set for
-    # verify forwards, so that with row-invariant linears (the native quantized kernels) verifying a
+    # single-sequence verify forwards, so that with row-invariant linears (the native quantized kernels) verifying a
     # token gives the bits decoding it gives, and greedy speculative output equals plain greedy
     # output on real models too, not only in exact arithmetic.
     row_exact: bool = False

@@ -49,8 +49,11 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         for b, t in enumerate(trees):
             n = len(t) + 1
             tree_mask[b, :n, :n] = t.attention_mask()
+    # row_exact for a single sequence: its verified tokens get the bits its plain decoding gives. A
+    # batch attends together (B x T calls per layer would cost too much; batched plain decoding is
+    # not bit-identical to single-sequence decoding either).
     logits, hidden, captured = runner.forward([s.slot for s in seqs], tokens, positions, tree_mask,
-                                              capture_layers=proposer.capture_layers, row_exact=True)
+                                              capture_layers=proposer.capture_layers, row_exact=len(seqs) == 1)
     t2 = now()
 
     results = []

@@ -78,28 +78,35 @@ class NativeKernels:
     lib: ctypes.CDLL
     isa: str
 
-    def int4_gemm(self, x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-                  n: int, group_size: int) -> torch.Tensor:
-        """packed uint8 [N, K / 2] (pack_int4); scale, zero int16 (half bits) [N / 16, K / gs, 16]."""
+    def int4_gemm(self, x: torch.Tensor, packed: torch.Tensor, qparams: torch.Tensor, n: int,
+                  group_size: int) -> torch.Tensor:
+        """packed uint8 [N, K / 2] (pack_int4); qparams int16 [2, N / 16, K / gs, 16]: half bits of
+        scale, then of zero."""
         r, k = x.shape
         y = torch.empty(r, n)
-        xq = torch.empty(r, k, dtype=torch.int8)
-        stats = torch.empty(2, r, k // group_size)  # per-group activation scale and sum
-        self.lib.specdecode_int4_gemm(
-            x.data_ptr(), r, k, n, group_size, packed.data_ptr(), scale.data_ptr(), zero.data_ptr(),
-            y.data_ptr(), xq.data_ptr(), stats[0].data_ptr(), stats[1].data_ptr(), torch.get_num_threads())
+        # one scratch allocation per call (a decode step makes ~100 of these calls): xq int8 [R, K],
+        # then per-group activation scale and sum, float32 [R, K / gs] each
+        g = r * (k // group_size)
+        scratch = torch.empty(r * k // 4 + 2 * g)
+        xq = scratch.data_ptr()
+        scale = qparams.data_ptr()
+        self.lib.specdecode_int4_gemm(x.data_ptr(), r, k, n, group_size, packed.data_ptr(), scale,
+                                      scale + qparams.numel(),  # int16: numel / 2 entries * 2 bytes
+                                      y.data_ptr(), xq, xq + r * k, xq + r * k + 4 * g, torch.get_num_threads())
         return y
 
     def int8_gemm(self, x: torch.Tensor, packed: torch.Tensor, wscale: torch.Tensor, n: int) -> torch.Tensor:
         """packed uint8 [N, K] (pack_int8); wscale float32 [N]."""
         r, k = x.shape
         y = torch.empty(r, n)
-        xq = torch.empty(r, k, dtype=torch.int8)
-        stats = torch.empty(3, r, k // INT8_GROUP)  # per-group activation scale, sum, integer sum
-        corr = torch.empty(r)
-        self.lib.specdecode_int8_gemm(
-            x.data_ptr(), r, k, n, packed.data_ptr(), wscale.data_ptr(), y.data_ptr(), xq.data_ptr(),
-            stats[0].data_ptr(), stats[1].data_ptr(), stats[2].data_ptr(), corr.data_ptr(), torch.get_num_threads())
+        # xq int8 [R, K]; per-group activation scale, sum and integer sum float32 [R, K / 32]; [R]
+        g = r * (k // INT8_GROUP)
+        scratch = torch.empty(r * k // 4 + 3 * g + r)
+        xq = scratch.data_ptr()
+        stats = xq + r * k
+        self.lib.specdecode_int8_gemm(x.data_ptr(), r, k, n, packed.data_ptr(), wscale.data_ptr(), y.data_ptr(),
+                                      xq, stats, stats + 4 * g, stats + 8 * g, stats + 12 * g,
+                                      torch.get_num_threads())
         return y
 
 

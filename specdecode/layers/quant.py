@@ -328,8 +328,8 @@ class Int4Linear(_QuantLinear):
             self._weight_device()  # raises
         x2d = x.reshape(-1, self.in_features)
         if self._native is not None:
-            y = self._native.int4_gemm(x2d.float().contiguous(), w, self.qparams[0], self.qparams[1],
-                                  self.out_features, self.group_size)
+            y = self._native.int4_gemm(x2d.float().contiguous(), w, self.qparams, self.out_features,
+                                       self.group_size)
         else:
             xc = _kernel_input(x2d, torch.bfloat16)
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, w, self.group_size, self.qparams.view(torch.bfloat16))
