@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark figures of docs/benchmarks.md (round 2), in the order they were taken. Run on a quiet
+# The benchmark figures of docs/benchmarks.md (round 3; the server lines are round 2's), in the order
+# they were taken. Run on a quiet
 # machine (no other CPU load: with two threads any other runnable process stalls torch's thread pool);
 # each figure is a ratio or a median measured within one process. Raw results land in out/.
 set -euo pipefail
@@ -11,33 +12,33 @@ CATS="--category coding --category writing --category translation --category sum
 for mq in "qwen2.5-coder-1.5b-instruct auto" "qwen2.5-coder-0.5b-instruct auto" "qwen2.5-coder-0.5b-instruct int8" \
           "smollm2-135m-instruct auto"; do
   set -- $mq
-  python scripts/bench_runtime.py --model $1 --quant $2 --threads $T --reps 2 --decode-tokens 64 --json-out out/runtime_2t.jsonl
+  python scripts/bench_runtime.py --model $1 --quant $2 --threads $T --reps 2 --decode-tokens 64 --json-out out/runtime_r3.jsonl
 done
+# The native kernels alone, streamed from DRAM.
+python scripts/bench_kernels.py --threads $T
 # Peak resident memory of a whole generate run (4-bit path, default 4096-token context).
 /usr/bin/time -f "peak_rss_kb %M" specdecode generate -t $T --chat "Write a Python function that reverses a linked list." \
   --max-tokens 64 --temperature 0 2> out/peak_rss.txt >/dev/null
 # Quantized vs float32 agreement.
 for m in smollm2-135m-instruct qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct; do
-  python scripts/quant_agreement.py --model $m --quant auto --tokens 256 | tail -1 >> out/agreement.jsonl
+  python scripts/quant_agreement.py --model $m --quant auto --tokens 256 --threads $T | tail -1 >> out/agreement.jsonl
 done
+python scripts/quant_agreement.py --model qwen2.5-coder-0.5b-instruct --quant int8 --tokens 256 --threads $T | tail -1 >> out/agreement.jsonl
 # Speculative decoding core: 1.5B int4 target, 0.5B draft, greedy and temperature 0.7.
 specdecode bench -t $T --spec-types draft,ngram-simple,ngram --model-draft qwen2.5-coder-0.5b-instruct \
-  $CATS --limit 2 --max-tokens 128 --json-out out/r4_bench_greedy.json --plot docs/bench_greedy.png
+  $CATS --limit 3 --max-tokens 128 --json-out out/r6_bench_greedy.json --plot docs/bench_greedy.png
 specdecode bench -t $T --spec-types draft,ngram --model-draft qwen2.5-coder-0.5b-instruct \
-  $CATS --limit 2 --max-tokens 128 --temperature 0.7 --json-out out/r4_bench_t07.json
-specdecode bench -t $T --spec-types ngram-simple,ngram $CATS --limit 5 --max-tokens 128 --json-out out/r4_bench_ngram5.json
-specdecode bench -t $T --spec-types draft --model-draft qwen2.5-coder-0.5b-instruct --category coding --category writing \
-  --category rag --limit 5 --max-tokens 128 --json-out out/r4_bench_draft5.json
+  $CATS --limit 3 --max-tokens 128 --temperature 0.7 --json-out out/r6_bench_t07.json
 # Draft heads: SmolLM2 (bundled EAGLE-3 head, MTP head attached to the GGUF) and the Qwen 0.5B head.
 specdecode attach-mtp --model smollm2-135m-instruct --head heads/smollm2-mtp --out out/smollm2-135m-instruct-mtp.gguf
 specdecode bench -t $T --model out/smollm2-135m-instruct-mtp.gguf --spec-head heads/smollm2-135m-instruct-eagle3 \
   --spec-types "eagle3,draft-mtp,ngram,eagle3(4,1,5),eagle3(3,2,6),eagle3(3,4,8)" \
-  $CATS --limit 2 --max-tokens 128 --json-out out/r4_bench_smollm_heads.json
+  $CATS --limit 2 --max-tokens 128 --json-out out/r6_bench_smollm_heads.json
 specdecode bench -t $T --model qwen2.5-coder-0.5b-instruct --spec-head out/heads/qwen2.5-coder-0.5b-instruct-eagle3 \
   --spec-types "eagle3,eagle3(4,1,5),eagle3(3,2,6),ngram" $CATS --limit 2 --max-tokens 128 \
-  --json-out out/r4_bench_qwen05_eagle3.json
+  --json-out out/r6_bench_qwen05_eagle3.json
 # Server: bench-serve, plain vs n-gram, concurrency 1-8.
 specdecode bench-serve -t $T --spec-types none,ngram $CATS --limit 2 --requests 16 --max-tokens 96 \
   --json-out out/r3_bench_serve.json --plot docs/bench_serve.png
 python scripts/bench_prefix_cache.py --threads $T | tee out/prefix_cache.json
-python scripts/bench_tables.py out/r4_bench_*.json
+python scripts/bench_tables.py out/r6_bench_*.json
