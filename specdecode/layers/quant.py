@@ -1,21 +1,24 @@
-"""Weight-only quantized linear layers on PyTorch's own kernels: ``Int8Linear`` (int8, one scale per
-output row) and ``Int4Linear`` (4-bit, a scale and a zero per group of ``group_size`` inputs).
+"""Weight-only quantized linear layers: ``Int8Linear`` (int8, one scale per output row) and
+``Int4Linear`` (4-bit, a scale and a zero per group of ``group_size`` inputs).
 
 Both are drop-in for ``nn.Linear`` (``forward(x [..., in]) -> [..., out]`` in x's dtype, optional
 float ``bias`` parameter) and are filled either whole (``from_float``) or shard by shard
 (``load_rows(offset, rows)``: the loader writes q/k/v or gate/up row ranges of one packed layer one
 at a time), quantizing each shard as it arrives so that no float copy of the layer is ever held.
 
-Compute dtype: on x86 the kernels are vectorized for bfloat16 activations only; float32 activations
-take a scalar loop 15-30x slower (measured here, 1536x1536 GEMV from cache: int8 1.0 ms vs 0.064 ms).
-So on CPU forward casts x to bfloat16 (rounding it to 8 significant bits) and the result back.
-The CPU int8 kernel also loads activations and weight rows with *aligned* 16/32-byte loads: it
-crashes on a misaligned x (forward re-allocates one) and needs in_features % 16 == 0 (checked).
+Kernels (``kernel=auto|native|torch``): ``native`` is specdecode/kernels/quant_gemm.c, built for this
+CPU on first use (AVX2 or AVX512-VNNI): activations are quantized to int8 per group of 32 and meet
+the codes in integer dot products; each output row depends on its input row only, so a token's
+result does not depend on how many tokens share the call. ``auto`` takes it wherever it builds.
+``torch`` is PyTorch's weight-only CPU kernels, vectorized for bfloat16 activations only (float32
+takes a scalar loop 15-30x slower), so forward casts x to bfloat16 there; its int8 kernel also
+loads with *aligned* 16/32-byte loads (forward re-allocates a misaligned x) and needs
+in_features % 16 == 0 (checked).
 
-Devices: Int8Linear keeps the weight as a plain [out, in] int8 tensor, which the CUDA
-``_weight_int8pack_mm`` also takes (it computes in float32, so float32 activations are passed
-there); that path is untested here, as this work had no GPU. Int4Linear is CPU only: the CUDA op
-(``_weight_int4pack_mm`` / ``_convert_weight_to_int4pack``) uses another packing and raises here.
+Devices: Int8Linear with ``kernel=torch`` keeps a plain [out, in] int8 weight, which the CUDA
+``_weight_int8pack_mm`` also takes (float32 activations there); that path is untested here, as this
+work had no GPU. Int4Linear is CPU only: the CUDA op (``_weight_int4pack_mm``) uses another packing
+and raises here.
 """
 from __future__ import annotations
 
