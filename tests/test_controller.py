@@ -1,5 +1,6 @@
 """The draft-length cost model: drafts when verifying is cheap and acceptance high, stops when not."""
-from specdecode.spec.controller import AcceptanceEstimate, CostModel, choose_draft_length
+from specdecode.spec.controller import (AcceptanceEstimate, CostModel, choose_batch_draft_length,
+                                         choose_draft_length)
 
 
 def test_choice_follows_costs_and_acceptance():
@@ -8,6 +9,21 @@ def test_choice_follows_costs_and_acceptance():
     assert choose_draft_length([0.1] * 4, 0.0, v, 4) == 0  # unpredictable text
     assert choose_draft_length([0.9] * 4, 0.95, v, 4) == 0  # a draft as slow as the target never pays
     assert choose_draft_length([0.9] * 4, 0.0, v, 4, k_min=4) in (0, 4)
+
+
+def test_batch_shares_one_draft_length():
+    """A batch verifies in one forward padded to its longest draft, so the length is chosen for the
+    batch: sum of expected tokens over the shared cost."""
+    v = {1: 1.0, 2: 1.18, 3: 1.38, 4: 1.7, 5: 2.5}.__getitem__
+    sure, hopeless = [0.9] * 4, [0.0] * 4
+    assert choose_draft_length(sure, 0.0, v, 4) == 3  # alone: E(3)/v(4) = 3.44/1.7 beats 2.71/1.38
+    # with a sequence that gains nothing from drafting, k = 3 costs both of them v(4): (3.44 + 1)/1.7
+    # = 2.61 < (2.71 + 1)/1.38 = 2.69
+    assert choose_batch_draft_length([sure, hopeless], 0.0, v, 4) == 2
+    assert choose_batch_draft_length([sure, sure], 0.0, v, 4) == 3  # same as alone
+    assert choose_batch_draft_length([hopeless, hopeless], 0.0, v, 4) == 0
+    # a sequence with room for one draft only counts its one position
+    assert choose_batch_draft_length([[0.9], [0.9]], 0.0, v, 4) == 1
 
 
 def test_new_request_probes_then_backs_off():

@@ -14,7 +14,7 @@ from ..config import EngineConfig
 from ..errors import InvalidRequestError
 from ..sampling_params import SamplingParams
 from ..spec import make_proposer
-from ..spec.controller import AcceptanceEstimate, CostModel, Timer, choose_draft_length
+from ..spec.controller import AcceptanceEstimate, CostModel, Timer, choose_batch_draft_length
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .kv_cache import KVCache
@@ -138,7 +138,7 @@ class Engine:
         ready = [s for s in self.running if s.num_prefilled >= len(s.prompt_ids) - 1 and not s.finished]
         outputs = []
         if ready:
-            ks = [self._draft_length(s, len(ready)) for s in ready]
+            ks = self._draft_lengths(ready)
             results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
             self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)
             for seq, r in zip(ready, results):
@@ -159,18 +159,21 @@ class Engine:
         if end == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()
 
-    def _draft_length(self, seq: Sequence, batch: int) -> int:
+    def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
+        """Each sequence's draft cap this step: one length for the batch (it shares one padded verify
+        forward), capped by each sequence's room (max_tokens, context length, --draft-max)."""
         spec = self.cfg.spec
-        room = min(seq.params.max_tokens - len(seq.output_ids) - 1,
-                   self.max_model_len - seq.num_tokens - 1, spec.draft_max, self.proposer.max_tokens)
-        if spec.spec_type == "none" or room <= 0:
-            return 0
+        rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, self.max_model_len - s.num_tokens - 1,
+                            spec.draft_max, self.proposer.max_tokens)) for s in seqs]
+        if spec.spec_type == "none" or not any(rooms):
+            return [0] * len(seqs)
         if spec.draft_fixed:
-            return room
-        alphas = seq.spec_state["accept"].alphas(room)
-        k = choose_draft_length(alphas, self.proposer.draft_cost(batch),
-                                lambda t: self.costs.verify_cost(batch, t), room, spec.draft_min)
-        return k
+            return rooms
+        batch = len(seqs)
+        alphas = [s.spec_state["accept"].alphas(r) for s, r in zip(seqs, rooms)]
+        k = choose_batch_draft_length(alphas, self.proposer.draft_cost(batch),
+                                      lambda t: self.costs.verify_cost(batch, t), max(rooms), spec.draft_min)
+        return [min(k, r) for r in rooms]
 
     def _maybe_calibrate(self) -> None:
         """Measures the target's forward cost over t = 1..K+1 tokens once, on a scratch slot, so the

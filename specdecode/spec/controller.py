@@ -78,14 +78,28 @@ class CostModel:
 
 def choose_draft_length(alphas: list[float], draft_cost: float, verify_cost, k_max: int, k_min: int = 0) -> int:
     """argmax_k E(k)/C(k) over k in {0} ∪ [max(k_min,1), k_max]; verify_cost(t) gives v(t)."""
-    best_k, best = 0, 1.0 / verify_cost(1)
-    expected, run = 1.0, 1.0
+    return choose_batch_draft_length([alphas], draft_cost, verify_cost, k_max, k_min)
+
+
+def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
+                              k_min: int = 0) -> int:
+    """One draft length for a batch verified in one forward: argmax_k sum_b E_b(k) / C(k).
+
+    Rows are padded to the longest draft, so every sequence pays for the batch's k + 1 tokens
+    whatever its own draft: choosing per sequence would let one sequence's long draft cost the whole
+    batch its padded rows. alphas[b] has sequence b's per-position estimates; a list shorter than
+    k (less room left) caps that sequence's draft at its length. draft_cost: one batched drafting
+    step; verify_cost(t): the batch's forward over t tokens per row. One sequence: E(k)/C(k)."""
+    best_k, best = 0, len(alphas) / verify_cost(1)
+    expected, run = [1.0] * len(alphas), [1.0] * len(alphas)
     for k in range(1, k_max + 1):
-        run *= alphas[k - 1]
-        expected += run
+        for b, a in enumerate(alphas):
+            if k <= len(a):
+                run[b] *= a[k - 1]
+                expected[b] += run[b]
         if k < k_min:
             continue
-        rate = expected / (k * draft_cost + verify_cost(k + 1))
+        rate = sum(expected) / (k * draft_cost + verify_cost(k + 1))
         if rate > best:
             best_k, best = k, rate
     return best_k
