@@ -26,6 +26,27 @@ def test_batch_shares_one_draft_length():
     assert choose_batch_draft_length([[0.9], [0.9]], 0.0, v, 4) == 1
 
 
+def test_positions_asked_but_not_drafted_count_as_misses():
+    """An n-gram proposer with no match (or a draft stopped by --draft-p-min) returns fewer tokens
+    than asked: those positions gained nothing (and cost padded rows in a batch), so the estimate
+    falls as for a rejection, and the controller stops asking."""
+    from specdecode import SamplingParams
+    from specdecode.spec.controller import PRIOR_ALPHA
+    from specdecode.spec.tree import DraftTree
+    from tiny_models import tiny_llm
+
+    llm = tiny_llm("ngram-simple", draft_max=3)
+    eng = llm.engine
+    asked = []
+    eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
+    seq = eng.add_request(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    while not seq.finished:
+        eng.step()
+    assert asked and asked[0] > 0  # the optimistic prior asks at first
+    assert seq.spec_state["accept"].alphas(1)[0] < PRIOR_ALPHA
+    assert len(asked) < 10  # ... then stops asking (k = 0 skips propose) within a few steps
+
+
 def test_new_request_probes_then_backs_off():
     est = AcceptanceEstimate()
     v = {1: 1.0, 2: 1.18, 3: 1.38, 4: 1.7, 5: 2.5}.__getitem__

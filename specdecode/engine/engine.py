@@ -141,8 +141,9 @@ class Engine:
             ks = self._draft_lengths(ready)
             results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
             self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)
-            for seq, r in zip(ready, results):
-                seq.spec_state["accept"].observe(r.drafted, r.accepted)
+            for seq, k, r in zip(ready, ks, results):
+                asked = max(k, r.drafted) if self.proposer.chain_drafts else r.drafted
+                seq.spec_state["accept"].observe(asked, r.accepted)
                 outputs.append(StepOutput(seq, r.delta))
         self._retire()
         return outputs

@@ -41,14 +41,16 @@ class AcceptanceEstimate:
             out.append(prior)
         return out
 
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, asked: int, accepted: int) -> None:
+        """One step that asked for ``asked`` draft positions (a position asked for but not drafted
+        counts as drafted and rejected) of which the first ``accepted`` were accepted."""
         self.tries = [x * DECAY for x in self.tries]
         self.hits = [x * DECAY for x in self.hits]
-        while len(self.tries) < drafted:
+        while len(self.tries) < asked:
             self.tries.append(0.0)
             self.hits.append(0.0)
         # position i is only "tried" if every earlier position was accepted
-        for i in range(min(drafted, accepted + 1)):
+        for i in range(min(asked, accepted + 1)):
             self.tries[i] += 1
             self.hits[i] += i < accepted
 

@@ -62,6 +62,8 @@ def find_head(spec: SpecConfig, model: str) -> Path:
 
 
 class EagleProposer(Proposer):
+    chain_drafts = False  # k caps tree nodes, not depth
+
     def __init__(self, spec: SpecConfig, engine, head: EagleHead | None = None):
         if spec.num_steps < 1 or spec.eagle_topk < 1 or spec.num_draft_tokens < 2:
             raise InvalidRequestError("EAGLE needs --num-steps >= 1, --eagle-topk >= 1, --num-draft-tokens >= 2")

@@ -31,6 +31,10 @@ class Proposer:
 
     name = "none"
     capture_layers: tuple[int, ...] = ()
+    # True: a draft of k tokens is a chain of depth k, so a shorter one (no n-gram match, a draft
+    # below --draft-p-min) leaves positions it was asked for undrafted; the controller counts them
+    # as misses (they gained nothing, and in a batch they still cost their padded rows).
+    chain_drafts = True
 
     def propose(self, seqs: list["Sequence"], max_tokens: list[int]) -> list[DraftTree]:
         return [DraftTree.empty() for _ in seqs]
