@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark figures of docs/benchmarks.md (round 3; the server lines are round 2's), in the order
-# they were taken. Run on a quiet
+# The benchmark figures of docs/benchmarks.md (round 3), in the order they were taken. Run on a quiet
 # machine (no other CPU load: with two threads any other runnable process stalls torch's thread pool);
 # each figure is a ratio or a median measured within one process. Raw results land in out/.
 set -euo pipefail
@@ -39,6 +38,6 @@ specdecode bench -t $T --model qwen2.5-coder-0.5b-instruct --spec-head out/heads
   --json-out out/r6_bench_qwen05_eagle3.json
 # Server: bench-serve, plain vs n-gram, concurrency 1-8.
 specdecode bench-serve -t $T --spec-types none,ngram $CATS --limit 2 --requests 16 --max-tokens 96 \
-  --json-out out/r3_bench_serve.json --plot docs/bench_serve.png
+  --json-out out/r8_bench_serve.json --plot docs/bench_serve.png
 python scripts/bench_prefix_cache.py --threads $T | tee out/prefix_cache.json
 python scripts/bench_tables.py out/r6_bench_*.json
