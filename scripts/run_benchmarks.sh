@@ -28,6 +28,13 @@ specdecode bench -t $T --spec-types draft,ngram-simple,ngram --model-draft qwen2
   $CATS --limit 3 --max-tokens 128 --json-out out/r6_bench_greedy.json --plot docs/bench_greedy.png
 specdecode bench -t $T --spec-types draft,ngram --model-draft qwen2.5-coder-0.5b-instruct \
   $CATS --limit 3 --max-tokens 128 --temperature 0.7 --json-out out/r6_bench_t07.json
+# After the controller changes (batch draft length, asked-but-undrafted positions count as misses).
+specdecode bench -t $T --spec-types draft --model-draft qwen2.5-coder-0.5b-instruct $CATS --limit 3 \
+  --max-tokens 128 --json-out out/r8_bench_draft.json
+specdecode bench -t $T --spec-types ngram-simple,ngram --category summarization --category rag --category coding \
+  --category math_reasoning --limit 3 --max-tokens 128 --json-out out/r7_bench_ngram.json
+specdecode bench -t $T --spec-types ngram-simple,ngram --category writing --category translation --category qa \
+  --limit 3 --max-tokens 128 --json-out out/r8_bench_ngram_rest.json
 # Draft heads: SmolLM2 (bundled EAGLE-3 head, MTP head attached to the GGUF) and the Qwen 0.5B head.
 specdecode attach-mtp --model smollm2-135m-instruct --head heads/smollm2-mtp --out out/smollm2-135m-instruct-mtp.gguf
 specdecode bench -t $T --model out/smollm2-135m-instruct-mtp.gguf --spec-head heads/smollm2-135m-instruct-eagle3 \
