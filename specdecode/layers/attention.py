@@ -61,7 +61,7 @@ class Attention(nn.Module):
         rows (j >= num_new[b]) stay zero. Costs ~T small calls per layer (verify: T <= ~10)."""
         B, H, T, D = q.shape
         G = H // self.hkv
-        qf = q.reshape(B, self.hkv, G, T, D)  # a view: head h = kv head h // G, group member h % G
+        qf = q.reshape(B, self.hkv, G, T, D)  # head h = kv head h // G, group member h % G
         rows = []
         for b, row in enumerate(ctx.row_keys()):
             outs = []
