@@ -35,6 +35,8 @@ specdecode bench -t $T --spec-types ngram-simple,ngram --category summarization 
   --category math_reasoning --limit 3 --max-tokens 128 --json-out out/r7_bench_ngram.json
 specdecode bench -t $T --spec-types ngram-simple,ngram --category writing --category translation --category qa \
   --limit 3 --max-tokens 128 --json-out out/r8_bench_ngram_rest.json
+specdecode bench -t $T --spec-types draft,ngram --model-draft qwen2.5-coder-0.5b-instruct $CATS --limit 3 \
+  --max-tokens 128 --temperature 0.7 --json-out out/r8_bench_t07.json
 # Draft heads: SmolLM2 (bundled EAGLE-3 head, MTP head attached to the GGUF) and the Qwen 0.5B head.
 specdecode attach-mtp --model smollm2-135m-instruct --head heads/smollm2-mtp --out out/smollm2-135m-instruct-mtp.gguf
 specdecode bench -t $T --model out/smollm2-135m-instruct-mtp.gguf --spec-head heads/smollm2-135m-instruct-eagle3 \
