@@ -40,16 +40,14 @@ class Context:
 
     def row_keys(self) -> list[list[tuple[int, torch.Tensor | None]]]:
         """[b][j] -> (n, idx): query j of row b sees keys [0, n) when idx is None, else keys idx (a
-        tree node: the prefix and its ancestors, in cache order, as the decode of its path has them)."""
+        tree node: the prefix and its ancestors, in cache order, as the decode of its path has them).
+        Read from attn_mask, which every forward with several queries and a cached prefix has."""
         if self._row_keys is None:
             mask = self.attn_mask
             rows = []
             for b, n_new in enumerate(self.num_new):
                 row = []
                 for j in range(n_new):
-                    if mask is None:  # one row, one query: every key
-                        row.append((self.total_len, None))
-                        continue
                     vis = mask[b, 0, j].cpu()
                     n = int(vis.sum())
                     row.append((n, None) if bool(vis[:n].all()) else (n, vis.nonzero().squeeze(1).to(mask.device)))

@@ -152,7 +152,6 @@ def pack_int4(codes: torch.Tensor, group_size: int) -> torch.Tensor:
     return packed.reshape(n, k // 2)
 
 
-
 def pack_int8(q: torch.Tensor) -> torch.Tensor:
     """q int8 [N, K] (N % 16 == 0, K % 4 == 0) -> uint8 [N, K] in quant_gemm.c's int8 tile layout
     (u = q + 128; rows 16 t .. 16 t + 15 hold tile t)."""

@@ -50,6 +50,11 @@ class _QuantLinear(nn.Module):
         # out) packs on its own; other ranges wait in _pending until their block is complete.
         self._pack_rows = 1
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block start -> (codes, rows filled)
+        self._native = None  # the native kernels (specdecode/kernels) when this layer uses them
+
+    @property
+    def kernel(self) -> str:
+        return "native" if self._native is not None else "torch"
 
     @property
     def pending_rows(self) -> int:
@@ -203,10 +208,6 @@ class Int8Linear(_QuantLinear):
         self.register_buffer("scales", torch.empty(out_features))
         self._unit: torch.Tensor | None = None
 
-    @property
-    def kernel(self) -> str:
-        return "native" if self._native is not None else "torch"
-
     def _weight_device(self) -> torch.device:
         if self._native is not None and self.qweight.device.type != "cpu":
             raise NotImplementedError("the native int8 packing runs on CPU only")
@@ -291,10 +292,6 @@ class Int4Linear(_QuantLinear):
         shape = (2, out_features // TILE, groups, TILE) if native is not None else (groups, out_features, 2)
         self.register_buffer("qparams", torch.empty(shape, dtype=torch.int16))
 
-    @property
-    def kernel(self) -> str:
-        return "native" if self._native is not None else "torch"
-
     def _weight_device(self) -> torch.device:
         if self.qweight.device.type != "cpu":
             raise NotImplementedError("Int4Linear runs on CPU only (CUDA int4 uses another packing)")
@@ -303,15 +300,13 @@ class Int4Linear(_QuantLinear):
     def _load_step(self, start: int, w: torch.Tensor) -> None:
         codes, scale, zero = quantize_int4(w, self.group_size,
                                            torch.float16 if self._native is not None else torch.bfloat16)
-        end = start + len(w)
         if self._native is not None:
             self._store_scales(start, scale, zero)
-            codes_u8 = codes
         else:
-            self.qparams[:, start:end] = torch.stack([scale, zero], -1).to(torch.bfloat16).view(torch.int16) \
-                .transpose(0, 1)
-            codes_u8 = codes.to(torch.int32)  # the tinygemm packing op takes one int32 per code
-        self._write_codes(start, codes_u8)
+            self.qparams[:, start:start + len(w)] = torch.stack([scale, zero], -1).to(torch.bfloat16) \
+                .view(torch.int16).transpose(0, 1)
+            codes = codes.to(torch.int32)  # the tinygemm packing op takes one int32 per code
+        self._write_codes(start, codes)
 
     def _pack(self, codes: torch.Tensor) -> torch.Tensor:
         if self._native is not None:
@@ -320,10 +315,9 @@ class Int4Linear(_QuantLinear):
 
     def _store_scales(self, start: int, scale: torch.Tensor, zero: torch.Tensor) -> None:
         """Native packing: scale/zero rows [start, start + n) into their tiles' lanes."""
+        rows = torch.arange(start, start + len(scale))
         for i, values in enumerate((scale, zero)):
-            bits = values.to(torch.float16).view(torch.int16)  # [n, groups]
-            rows = torch.arange(start, start + len(values))
-            self.qparams[i, rows // TILE, :, rows % TILE] = bits
+            self.qparams[i, rows // TILE, :, rows % TILE] = values.to(torch.float16).view(torch.int16)  # [n, groups]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.qweight
