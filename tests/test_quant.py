@@ -122,6 +122,7 @@ def test_forward_matches_dequantized_reference(make, bias):
 
 @pytest.mark.parametrize("cls,kwargs", [
     (Int8Linear, {}), (Int4Linear, {"group_size": 64, "kernel": "torch"}),
+    (Int8Linear, {"kernel": "dequant"}), (Int4Linear, {"group_size": 64, "kernel": "dequant"}),
     pytest.param(Int4Linear, {"group_size": 64, "kernel": "native"}, marks=INT4_KERNELS[1].marks)])
 def test_shard_by_shard_loading_equals_one_load(cls, kwargs):
     w = weight(368, 256)
@@ -141,7 +142,7 @@ def test_shard_by_shard_loading_equals_one_load(cls, kwargs):
         if cls is Int4Linear and i == 0:
             # torch packing: rows 10..109 wait for the rest of 64-row blocks 0 and 64; native: rows
             # 10..15 and 96..109 wait for the rest of 16-row tiles 0 and 96.
-            assert layer.pending_rows == (100 if kwargs["kernel"] == "torch" else 20)
+            assert layer.pending_rows == {"torch": 100, "native": 20, "dequant": 0}[kwargs["kernel"]]
     if cls is Int4Linear:
         assert layer.pending_rows == 0
     whole = cls.from_float(expected_weight, **kwargs)
@@ -199,3 +200,54 @@ def test_cuda_int8_and_int4_refusal():
     assert (err <= 520 * 2 ** -24 * 1.01 * (x.double().abs() @ w_deq.double().abs().T)).all()
     with pytest.raises(NotImplementedError):
         Int4Linear.from_float(w.cuda(), group_size=128)
+
+
+# -- the dequant kernel (any device) and the per-device choice of PyTorch's kernels -------------------
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_dequant_kernel_multiplies_by_the_quantized_weight(group_size):
+    # The dequant packing is the device-independent reference the CUDA check compares against: its
+    # weight must be exactly quantize_int4's (bf16 scale and zero), and forward that weight's product.
+    w, b = weight(96, 256), torch.randn(96)
+    layer = Int4Linear.from_float(w, b, group_size=group_size, kernel="dequant")
+    assert layer.kernel == "dequant"
+    w_deq = dequantize_int4(*quantize_int4(w, group_size, torch.bfloat16))
+    assert torch.equal(layer.dequantize(), w_deq)
+    x = torch.randn(5, 256)
+    torch.testing.assert_close(layer(x), x @ w_deq.T + b, rtol=1e-5, atol=1e-5)
+    y16 = layer(x.bfloat16())  # a bf16 x dequantizes into bf16 (the GPU case)
+    assert y16.dtype == torch.bfloat16
+    torch.testing.assert_close(y16.float(), x @ w_deq.T + b, rtol=0.02, atol=0.1)
+
+
+def test_int8_dequant_kernel_equals_the_torch_kernel_layout():
+    w = weight(64, 256)
+    a, d = Int8Linear.from_float(w, kernel="torch"), Int8Linear.from_float(w, kernel="dequant")
+    assert torch.equal(a.qweight, d.qweight) and torch.equal(a.scales, d.scales)
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(d(x), x @ d.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def test_device_kernel_takes_pytorchs_kernel_only_where_it_agrees(monkeypatch):
+    import specdecode.layers.quant as quant
+    from specdecode.layers.quant_device import device_kernel
+
+    device_kernel.cache_clear()
+    try:
+        assert device_kernel("int4", "cpu") == "torch" and device_kernel("int8", "cpu") == "torch"
+        real = quant.int4_mm
+        # a packing the kernel reads wrongly (nibbles swapped) -> outputs off by O(1): rejected
+        monkeypatch.setattr(quant, "int4_mm", lambda x, w, g, sz: real(x, (w << 4) | (w >> 4), g, sz))
+        device_kernel.cache_clear()
+        with pytest.warns(UserWarning, match="int4 kernel on cpu differs"):
+            assert device_kernel("int4", "cpu") == "dequant"
+
+        def missing(*a):
+            raise RuntimeError("Could not run '_weight_int4pack_mm' with arguments from the 'CUDA' backend")
+
+        monkeypatch.setattr(quant, "int4_mm", missing)
+        device_kernel.cache_clear()
+        with pytest.warns(UserWarning, match="Could not run"):
+            assert device_kernel("int4", "cpu") == "dequant"
+    finally:
+        device_kernel.cache_clear()

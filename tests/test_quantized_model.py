@@ -26,10 +26,17 @@ def quantized(hf, quant, chunk_rows=None):
     return model
 
 
+@pytest.mark.parametrize("kernel", ["auto", "dequant"])
 @pytest.mark.parametrize("quant,max_rel", [("int8", 0.03), ("int4", 0.25)])
-def test_quantized_logits_close_to_float(quant, max_rel):
+def test_quantized_logits_close_to_float(quant, max_rel, kernel, monkeypatch):
+    # dequant: the kernel a GPU falls back to when PyTorch's fails its check (layers/quant_device.py)
+    import specdecode.models
+
+    monkeypatch.setattr(specdecode.models, "_layer_kernel", lambda q, d: kernel)
     hf = hf_model("qwen2", tie_word_embeddings=True)
     model = quantized(hf, quant, chunk_rows=48)
+    kernels = {m.kernel for m in model.modules() if hasattr(m, "kernel")}
+    assert kernels and kernels <= ({"dequant"} if kernel == "dequant" else {"native", "torch"})
     runner = ModelRunner(model, KVCache(model.cfg.num_layers, 1, 64, model.cfg.num_kv_heads,
                                         model.cfg.head_dim, torch.float32))
     ids = torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -75,8 +82,12 @@ def test_missing_rows_are_reported():
         model.load_weights(items)
 
 
+@pytest.mark.parametrize("kernel", ["auto", "dequant"])
 @pytest.mark.parametrize("quant", ["int8", "int4"])
-def test_spec_greedy_identical_on_quantized_target(quant):
+def test_spec_greedy_identical_on_quantized_target(quant, kernel, monkeypatch):
+    import specdecode.models
+
+    monkeypatch.setattr(specdecode.models, "_layer_kernel", lambda q, d: kernel)
     hf = hf_model("llama")
     target = quantized(hf, quant)
     draft = quantized(hf_model("llama", seed=5), quant)

@@ -86,10 +86,15 @@ class Engine:
         return resolve_device_dtype(self.cfg.device, self.cfg.kv_cache_dtype)[1]
 
     def weight_quant(self, quant: str | None = None) -> str:
-        """``quant`` (default: the target's --quant) as run here: int4 has CPU kernels only, so on CUDA
-        auto means the float dtype (bfloat16)."""
+        """``quant`` (default: the target's --quant) as run here. Off the CPU, auto keeps the file's
+        bit width only where PyTorch's int4 and int8 kernels pass their check on this device
+        (layers/quant_device.py); otherwise it means the float dtype (the dequant kernel saves
+        memory, not time)."""
+        from ..layers.quant_device import device_kernel
+
         quant = self.cfg.quant if quant is None else quant
-        if quant == "auto" and self.device.type != "cpu":
+        if quant == "auto" and self.device.type != "cpu" and \
+                "dequant" in (device_kernel("int4", str(self.device)), device_kernel("int8", str(self.device))):
             return "none"
         return quant
 

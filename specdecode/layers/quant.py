@@ -15,17 +15,22 @@ takes a scalar loop 15-30x slower), so forward casts x to bfloat16 there; its in
 loads with *aligned* 16/32-byte loads (forward re-allocates a misaligned x) and needs
 in_features % 16 == 0 (checked).
 
-Devices: Int8Linear with ``kernel=torch`` keeps a plain [out, in] int8 weight, which the CUDA
-``_weight_int8pack_mm`` also takes (float32 activations there); that path is untested here, as this
-work had no GPU. Int4Linear is CPU only: the CUDA op (``_weight_int4pack_mm``) uses another packing
-and raises here.
+``dequant`` runs on any device: plain codes, dequantized to x's dtype on each call and multiplied by
+``F.linear`` (correct everywhere, slower than a fused kernel).
+
+Devices: on CUDA, ``torch`` is PyTorch's ``_weight_int4pack_mm`` (tinygemm packing, bfloat16
+activations) and ``_weight_int8pack_mm``. This work had no GPU to test them on, so
+``layers/quant_device.py`` checks each against ``dequant`` once per device before the model builder
+uses it, and takes ``dequant`` where the check fails.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import INT8_GROUP, TILE, native_kernels, pack_int4, pack_int8, unpack_int8
+from .quant_formats import dequantize_int4, pack_nibbles, quantize_int4, quantize_int8, unpack_nibbles  # noqa: F401
 
 # Rows quantized per step of load_rows: bounds the float32 temporaries (~4M elements, 16 MB) when a
 # shard is large (LM head: 151936 rows). A multiple of 64 so that steps align with int4 pack blocks.
@@ -51,10 +56,11 @@ class _QuantLinear(nn.Module):
         self._pack_rows = 1
         self._pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # block start -> (codes, rows filled)
         self._native = None  # the native kernels (specdecode/kernels) when this layer uses them
+        self._mode = "torch"  # native | torch | dequant
 
     @property
     def kernel(self) -> str:
-        return "native" if self._native is not None else "torch"
+        return self._mode
 
     @property
     def pending_rows(self) -> int:
@@ -92,8 +98,10 @@ class _QuantLinear(nn.Module):
     def from_float(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, **kwargs) -> "_QuantLinear":
         """weight [out, in] float (any float dtype), bias [out] or None."""
         out_features, in_features = weight.shape
-        if weight.device.type != "cpu":
-            kwargs.setdefault("kernel", "torch")  # the native kernels are CPU code
+        if weight.device.type != "cpu":  # the native kernels are CPU code
+            from .quant_device import device_kernel
+
+            kwargs.setdefault("kernel", device_kernel(cls.kind, str(weight.device)))
         layer = cls(in_features, out_features, bias is not None, **kwargs).to(weight.device)
         layer.load_rows(0, weight)
         if bias is not None:
@@ -133,50 +141,6 @@ class _QuantLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-# -- quantization formats (pure functions: the layers store their results, tests check them) ------
-
-def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [n, in] float32 -> (q int8 [n, in], scale float32 [n]), symmetric per row: w ~ q * scale.
-
-    q spans [-127, 127] with scale = max|w_row| / 127, so nothing is clipped and |w - q*scale| <= scale/2.
-    """
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
-    return q, scale
-
-
-def quantize_int4(w: torch.Tensor, group_size: int, param_dtype: torch.dtype = torch.bfloat16
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """w [n, in] float32 -> (codes uint8 [n, in] in 0..15, scale, zero float32 [n, in / group_size]).
-
-    The format of the int4 kernels: w ~ (code - 8) * scale + zero per group of group_size inputs, with
-    scale and zero stored in param_dtype (bfloat16 for PyTorch's kernel, float16 for the native one).
-    Both are rounded to param_dtype *before* the codes are chosen, and scale is widened to cover the
-    group around the rounded zero, so |w - dequant| <= scale/2 holds for the stored values (the bound
-    a plain min/max grid would lose to the rounding of zero).
-    """
-    n, k = w.shape
-    g = w.reshape(n, k // group_size, group_size)
-    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
-    zero = (lo + (hi - lo) * (8 / 15)).to(param_dtype).float()
-    if not torch.isfinite(zero).all():
-        raise ValueError(f"int4 quantization: weights beyond the {param_dtype} range of the format")
-    scale = torch.maximum((hi - zero) / 7, (zero - lo) / 8).clamp(min=1e-30)
-    rounded = scale.to(param_dtype)
-    rounded = torch.where(rounded.float() < scale, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))),
-                          rounded)
-    scale = rounded.float()
-    codes = torch.round((g - zero[..., None]) / scale[..., None]).add_(8).clamp_(0, 15).to(torch.uint8)
-    return codes.reshape(n, k), scale, zero
-
-
-def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """Inverse of quantize_int4: -> float32 [n, in]."""
-    n, k = codes.shape
-    g = codes.reshape(n, scale.shape[1], -1).float().sub_(8)
-    return (g * scale[..., None] + zero[..., None]).reshape(n, k)
-
-
 # -- layers ------------------------------------------------------------------------------------------
 
 class Int8Linear(_QuantLinear):
@@ -186,9 +150,11 @@ class Int8Linear(_QuantLinear):
     - ``native`` (specdecode/kernels/quant_gemm.c, where it builds and out % 16 == 0, in % 32 == 0):
       qweight uint8 [out, in] holding q + 128 in 16-row tiles; activations quantized to int8 per
       group of 32 inside the kernel.
-    - ``torch`` (PyTorch's ``_weight_int8pack_mm``; also the CUDA path): qweight int8 [out, in] plain.
+    - ``torch`` (PyTorch's ``_weight_int8pack_mm``, CPU and CUDA) and ``dequant`` (any device):
+      qweight int8 [out, in] plain.
     Weight bytes: out * in (+ 4 * out).
     """
+    kind = "int8"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, kernel: str = "auto"):
         super().__init__(in_features, out_features, bias)
@@ -202,6 +168,7 @@ class Int8Linear(_QuantLinear):
                                  f"got in={in_features} out={out_features}")
             native = None
         self._native = native
+        self._mode = "native" if native is not None else ("dequant" if kernel == "dequant" else "torch")
         self._pack_rows = TILE if native is not None else 1
         self.register_buffer("qweight", torch.empty(out_features, in_features,
                                                     dtype=torch.uint8 if native is not None else torch.int8))
@@ -236,6 +203,9 @@ class Int8Linear(_QuantLinear):
         x2d = x.reshape(-1, self.in_features)
         if self._native is not None:
             return self._finish(self._native.int8_gemm(x2d.float().contiguous(), w, self.scales, self.out_features), x)
+        if self._mode == "dequant":
+            dt = _compute_dtype(x)
+            return self._finish(F.linear(x2d.to(dt), w.to(dt)) * self.scales.to(dt), x)
         xc = _kernel_input(x2d, torch.bfloat16) if w.is_cpu else x2d.float().contiguous()
         # The kernel gets unit scales and the float32 scales are applied to its [M, out] result: the
         # bf16 result must be widened anyway, and this keeps the scales out of bf16.
@@ -248,29 +218,38 @@ class Int8Linear(_QuantLinear):
         return f"{super().extra_repr()}, kernel={self.kernel}"
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dequant kernel's dtype: x's own for 16/32-bit floats (one dequantized weight per call)."""
+    return x.dtype if x.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
+
+
 def _native_kernels(kernel: str):
-    """The native kernels for kernel = auto | native | torch (None: use PyTorch's)."""
-    if kernel not in ("auto", "native", "torch"):
-        raise ValueError(f"unknown kernel {kernel!r} (auto, native, torch)")
-    native = native_kernels() if kernel != "torch" else None
+    """The native kernels for kernel = auto | native | torch | dequant (None: not native)."""
+    if kernel not in ("auto", "native", "torch", "dequant"):
+        raise ValueError(f"unknown kernel {kernel!r} (auto, native, torch, dequant)")
+    native = native_kernels() if kernel in ("auto", "native") else None
     if kernel == "native" and native is None:
         raise RuntimeError("the native kernels cannot be built on this machine")
     return native
 
 
 class Int4Linear(_QuantLinear):
-    """4-bit codes + a (scale, zero) pair per group of ``group_size`` inputs, in one of two packings:
+    """4-bit codes + a (scale, zero) pair per group of ``group_size`` inputs, in one of three packings:
 
     - ``native`` (specdecode/kernels/quant_gemm.c, the default where it builds): qweight uint8
       [out, in / 2] in 16-row tiles, qparams int16 [2, out / 16, in / group_size, 16] (half bits of
       scale, zero). Activations are quantized to int8 per group inside the kernel.
-    - ``torch`` (PyTorch's ``_weight_int4pack_mm_for_cpu``): qweight uint8 [out, in / 2] in the
-      tinygemm layout, qparams int16 [in / group_size, out, 2] (bf16 bits of scale, zero); activations
-      are cast to bfloat16.
+    - ``torch`` (PyTorch's tinygemm kernels: ``_weight_int4pack_mm_for_cpu`` on CPU,
+      ``_weight_int4pack_mm`` on CUDA): qweight uint8 [out, in / 2] holding the tinygemm layout (on
+      CUDA the int32 [out / 8, in / (16 t), 32, t / 2] tensor of ``_convert_weight_to_int4pack``,
+      t = inner k tiles, as bytes: each block of 8 rows is contiguous), qparams int16
+      [in / group_size, out, 2] (bf16 bits of scale, zero); activations are cast to bfloat16.
+    - ``dequant`` (any device): qweight = pack_nibbles(codes), qparams as ``torch``.
 
-    qparams are kept as int16 so that module.to(dtype) leaves them alone. Both packings depend on the
-    machine (the torch one on its ISA level): pack where it runs, never ship a state_dict of it.
+    qparams are kept as int16 so that module.to(dtype) leaves them alone. The native and torch
+    packings depend on the machine: pack where it runs, never ship a state_dict of them.
     """
+    kind = "int4"
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, group_size: int = 128,
                  kernel: str = "auto"):
@@ -279,23 +258,27 @@ class Int4Linear(_QuantLinear):
             raise ValueError(f"Int4Linear needs group_size in 32/64/128/256 dividing in_features and "
                              f"out_features % 16 == 0, got in={in_features} out={out_features} group={group_size}")
         native = _native_kernels(kernel)
-        if native is None and not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
-            raise RuntimeError(f"Int4Linear needs the native kernel or torch.ops.aten._weight_int4pack_mm_for_cpu, "
-                               f"absent from torch {torch.__version__}")
         self.group_size = group_size
         self._native = native
-        # The tinygemm packing interleaves blocks of 64 (AVX512) or 32 (AVX2) rows; the native one
-        # works in 16-row tiles.
-        self._pack_rows = TILE if native is not None else 64
+        self._mode = "native" if native is not None else ("dequant" if kernel == "dequant" else "torch")
+        # Rows packed together: native 16-row tiles; tinygemm interleaves blocks of 64 (CPU AVX512),
+        # 32 (CPU AVX2) or 8 (CUDA) rows; nibble pairs are row-local.
+        self._pack_rows = {"native": TILE, "torch": 64, "dequant": 1}[self._mode]
         groups = in_features // group_size
         self.register_buffer("qweight", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
         shape = (2, out_features // TILE, groups, TILE) if native is not None else (groups, out_features, 2)
         self.register_buffer("qparams", torch.empty(shape, dtype=torch.int16))
 
     def _weight_device(self) -> torch.device:
-        if self.qweight.device.type != "cpu":
-            raise NotImplementedError("Int4Linear runs on CPU only (CUDA int4 uses another packing)")
-        return self.qweight.device
+        dev = self.qweight.device
+        if self._mode == "native" and dev.type != "cpu":
+            raise NotImplementedError("the native int4 kernel runs on CPU only")
+        if self._mode == "torch":
+            op = {"cpu": "_weight_int4pack_mm_for_cpu", "cuda": "_weight_int4pack_mm"}.get(dev.type)
+            if op is None or not hasattr(torch.ops.aten, op):
+                raise NotImplementedError(f"torch {torch.__version__} has no int4 kernel for {dev.type}: "
+                                          f"use kernel='dequant'")
+        return dev
 
     def _load_step(self, start: int, w: torch.Tensor) -> None:
         codes, scale, zero = quantize_int4(w, self.group_size,
@@ -305,13 +288,20 @@ class Int4Linear(_QuantLinear):
         else:
             self.qparams[:, start:start + len(w)] = torch.stack([scale, zero], -1).to(torch.bfloat16) \
                 .view(torch.int16).transpose(0, 1)
-            codes = codes.to(torch.int32)  # the tinygemm packing op takes one int32 per code
         self._write_codes(start, codes)
 
     def _pack(self, codes: torch.Tensor) -> torch.Tensor:
-        if self._native is not None:
+        if self._mode == "native":
             return pack_int4(codes, self.group_size)
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+        if self._mode == "dequant":
+            return pack_nibbles(codes)
+        if codes.is_cuda:
+            # tinygemm on CUDA takes two codes per byte, the even k in the high nibble
+            c = codes.to(torch.uint8)
+            packed = torch.ops.aten._convert_weight_to_int4pack((c[:, 0::2] << 4 | c[:, 1::2]).contiguous(),
+                                                                _inner_k_tiles(self.in_features))
+            return packed.contiguous().view(torch.uint8).reshape(len(codes), -1)
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
 
     def _store_scales(self, start: int, scale: torch.Tensor, zero: torch.Tensor) -> None:
         """Native packing: scale/zero rows [start, start + n) into their tiles' lanes."""
@@ -319,18 +309,44 @@ class Int4Linear(_QuantLinear):
         for i, values in enumerate((scale, zero)):
             self.qparams[i, rows // TILE, :, rows % TILE] = values.to(torch.float16).view(torch.int16)  # [n, groups]
 
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """-> [out, in] in dtype, the weight of the dequant packing (the others keep no plain codes)."""
+        if self._mode != "dequant":
+            raise NotImplementedError("dequantize() reads the dequant packing only")
+        sz = self.qparams.view(torch.bfloat16).to(dtype)  # [groups, out, 2]
+        g = unpack_nibbles(self.qweight).to(dtype).view(self.out_features, -1, self.group_size).sub_(8)
+        return (g * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]).view(self.out_features, -1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.qweight
-        if not w.is_cpu:
-            self._weight_device()  # raises
         x2d = x.reshape(-1, self.in_features)
-        if self._native is not None:
+        if self._mode == "native":
+            if not w.is_cpu:
+                self._weight_device()  # raises
             y = self._native.int4_gemm(x2d.float().contiguous(), w, self.qparams, self.out_features,
                                        self.group_size)
+        elif self._mode == "dequant":
+            dt = _compute_dtype(x)
+            y = F.linear(x2d.to(dt), self.dequantize(dt))
         else:
-            xc = _kernel_input(x2d, torch.bfloat16)
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xc, w, self.group_size, self.qparams.view(torch.bfloat16))
+            y = int4_mm(_kernel_input(x2d, torch.bfloat16), w, self.group_size, self.qparams.view(torch.bfloat16))
         return self._finish(y, x)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group_size={self.group_size}, kernel={self.kernel}"
+
+
+def _inner_k_tiles(in_features: int) -> int:
+    """tinygemm's CUDA packing: the largest inner k tiles (8, 4, 2) with in_features % (16 t) == 0."""
+    return next(t for t in (8, 4, 2) if in_features % (16 * t) == 0)
+
+
+def int4_mm(x: torch.Tensor, qweight: torch.Tensor, group_size: int, sz: torch.Tensor) -> torch.Tensor:
+    """PyTorch's tinygemm int4 matmul: x bf16 [M, in], the torch packing of Int4Linear, sz bf16
+    [in / group_size, out, 2] -> bf16 [M, out]."""
+    if qweight.is_cuda:
+        n, k = qweight.shape[0], 2 * qweight.shape[1]
+        t = _inner_k_tiles(k)
+        w = qweight.view(torch.int32).reshape(n // 8, k // (16 * t), 32, t // 2)
+        return torch.ops.aten._weight_int4pack_mm(x, w, group_size, sz)
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, qweight, group_size, sz)

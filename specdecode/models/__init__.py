@@ -12,11 +12,20 @@ QUANT_KINDS = ("none", "int8", "int4")
 INT4_GROUP = 32  # GGUF Q4_K sub-block size: 4x finer scales than 128, for ~5-12% more time per GEMV (measured)
 
 
+def _layer_kernel(quant: str, device: torch.device) -> str:
+    """The native kernels are CPU code; elsewhere PyTorch's, where they pass their check on this device."""
+    if device.type == "cpu":
+        return "auto"
+    from ..layers.quant_device import device_kernel
+
+    return device_kernel(quant, str(device))
+
+
 def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module:
     from ..layers.quant import Int4Linear, Int8Linear
 
     bias = linear.bias is not None
-    kernel = "auto" if device.type == "cpu" else "torch"  # the native kernels are CPU code
+    kernel = _layer_kernel(quant, device)
     if quant == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
         return Int4Linear(linear.in_features, linear.out_features, bias, group_size=INT4_GROUP, kernel=kernel)
     if linear.in_features % 16 == 0:
