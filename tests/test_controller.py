@@ -37,6 +37,10 @@ def test_positions_asked_but_not_drafted_count_as_misses():
 
     llm = tiny_llm("ngram-simple", draft_max=3)
     eng = llm.engine
+    # a fixed cost curve instead of timings (a loaded machine would make measured ones anything)
+    eng._calibrated = True
+    eng.costs.observe = lambda *a: None
+    eng.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
     asked = []
     eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
     seq = eng.add_request(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
