@@ -17,10 +17,10 @@ import torch
 from ..errors import InvalidRequestError
 
 # EAGLE defaults; flags left unset reach --kind mtp as None, so that train/mtp.py applies its own.
-EAGLE_DEFAULTS = dict(seq_len=512, corpus_tokens=100_000, distill=0, distill_tokens=256, eval_frac=0.05,
+EAGLE_DEFAULTS = dict(seq_len=512, corpus_tokens=100_000, distill=0, general=0, distill_tokens=256, eval_frac=0.05,
                       draft_vocab=8192, ttt_steps=3, steps=1000, batch_size=4, lr=1e-3, eval_every=100,
                       save_every=100)
-_FEATURE_KEYS = ("seq_len", "corpus_tokens", "distill", "distill_tokens", "eval_frac")  # decide the cached features
+_FEATURE_KEYS = ("seq_len", "corpus_tokens", "distill", "general", "distill_tokens", "eval_frac")  # decide the cached features
 
 
 def add_train_parser(sub, add_model_args) -> None:
@@ -35,6 +35,7 @@ def add_train_parser(sub, add_model_args) -> None:
             ("--seq-len", int, "tokens per training window"),
             ("--corpus-tokens", int, "corpus tokens to use"),
             ("--distill", int, "self-distillation: N chat prompts written from the corpus, answered by the target"),
+            ("--general", int, "self-distillation: N general-domain chat prompts (not about Python)"),
             ("--distill-tokens", int, "answer length cap"),
             ("--eval-frac", float, "held-out share of files"),
             ("--draft-vocab", int, "EAGLE-3 draft vocabulary size"),
@@ -119,11 +120,11 @@ def _aux_layers(model, kind: str) -> tuple[int, ...]:
 def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
     """Extracts (or resumes extracting) the target's features of the train and held-out windows;
     False if the deadline came first."""
-    from .data import (check_prompt_file, distill_prompts, extract_shard, is_heldout, sample_windows,
-                       write_manifest)
+    from .data import (check_prompt_file, distill_prompts, extract_shard, general_prompts, is_heldout,
+                       sample_windows, write_manifest)
 
     settings = {"model": str(a.model), "data": list(a.data), "layers": list(layers), "seed": a.seed,
-                **{k: getattr(a, k) for k in _FEATURE_KEYS}, "prompts": a.prompts}
+                **{k: getattr(a, k) for k in _FEATURE_KEYS if k != "general" or a.general}, "prompts": a.prompts}
     write_manifest(fdir, settings)
     held = [f for f in files if is_heldout(f, a.eval_frac)] or files[-1:]
     held_set = set(held)
@@ -133,13 +134,18 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
         check_prompt_file(a.prompts)
         lines = Path(a.prompts).read_text().splitlines()
         extra = [json.loads(x)["prompt"] if x.lstrip().startswith("{") else x for x in lines if x.strip()]
-    n_eval = max(1, round(a.distill * a.eval_frac)) if a.distill else 0
-    for split, fs, budget, n_distill, seed in (
-            ("train", train, a.corpus_tokens, a.distill, a.seed),
-            ("eval", held, max(2048, int(a.corpus_tokens * a.eval_frac)), n_eval, a.seed + 1)):
+
+    def n_eval(n: int) -> int:
+        return max(1, round(n * a.eval_frac)) if n else 0
+
+    general = general_prompts(a.general + n_eval(a.general), a.seed)  # distinct prompts: a split never shares one
+    for split, fs, budget, n_distill, gen, seed in (
+            ("train", train, a.corpus_tokens, a.distill, general[:a.general], a.seed),
+            ("eval", held, max(2048, int(a.corpus_tokens * a.eval_frac)), n_eval(a.distill), general[a.general:],
+             a.seed + 1)):
         windows = sample_windows(tok, fs, a.seq_len, budget, seed)
-        if n_distill:
-            prompts = distill_prompts(fs, n_distill, seed) + (extra if split == "train" else [])
+        if n_distill or gen:
+            prompts = distill_prompts(fs, n_distill, seed) + gen + (extra if split == "train" else [])
             got = _distill(model, tok, prompts, fdir / f"distill_{split}.json", a, deadline)
             if got is None:
                 return False

@@ -1,5 +1,6 @@
 """Training data for draft heads: a local corpus (by default the Python standard library's source),
-optional self-distillation (the target's own greedy answers to chat prompts written from the stdlib),
+optional self-distillation (the target's own greedy answers to chat prompts written from the stdlib
+and to general-domain prompts written from word lists),
 and the frozen target's features over it, cached on disk in shards.
 
 Spec-Bench's prompts are evaluation data: they are never read here, and a prompt file under a
@@ -144,6 +145,70 @@ def distill_prompts(files: list[Path], n: int, seed: int) -> list[str]:
         out.append(template.format(m=m, n=name, d=d, s=src, lang=rng.choice(_LANGS), topic=topic,
                                    doc=rng.choice(docs) if docs else d))
     return out
+
+
+# General-domain chat prompts (not about Python): so that a head also sees the target's answers on
+# everyday subjects. Written here from word lists; no benchmark prompt is used.
+_SUBJECTS = (
+    "photosynthesis", "the French Revolution", "black holes", "climate change", "the human immune system",
+    "inflation in economics", "the Roman Empire", "vaccines", "electric cars", "the stock market",
+    "volcanoes", "the water cycle", "social media", "the Renaissance", "plate tectonics", "sleep",
+    "renewable energy", "the printing press", "DNA", "the Olympic Games", "coffee", "honey bees",
+    "the Great Wall of China", "jazz music", "remote work", "the Moon landing", "antibiotics",
+    "machine learning", "recycling", "the Industrial Revolution", "earthquakes", "meditation",
+    "the Amazon rainforest", "cryptocurrency", "the Silk Road", "chess", "nuclear power", "tea ceremonies",
+    "public libraries", "urban gardening", "the ozone layer", "marathon training", "ancient Egypt",
+)
+_PLACES = ("Hawaii", "Kyoto", "Iceland", "Peru", "Morocco", "New Zealand", "Lisbon", "the Alps", "Vietnam",
+           "Cape Town", "Scotland", "Istanbul")
+_GENERAL_TEMPLATES = (
+    "Explain {s} to a ten-year-old.",
+    "What are the main causes and effects of {s}?",
+    "Give me five interesting facts about {s}.",
+    "Write a short blog post about {s}.",
+    "Compare {s} and {t}: how are they similar and how are they different?",
+    "Write an outline for a presentation about {s}, with headings and key points.",
+    "Write a persuasive paragraph arguing that schools should teach more about {s}.",
+    "What is the history of {s}? Answer in a few paragraphs.",
+    "Write a professional email to your manager proposing a workshop on {s}. Keep it short.",
+    "Compose an engaging travel blog post about a trip to {p}, with cultural experiences and must-see places.",
+    "Plan a three-day itinerary for a visit to {p}.",
+    "Pretend you are a tour guide in {p}. Welcome a group of visitors and describe what they will see.",
+    "Describe a vivid character who is an expert on {s}, in one paragraph.",
+    "Write a short story set in {p} that involves {s}.",
+    "What are common misconceptions about {s}?",
+    "Answer briefly: who first studied {s}, and why does it matter today?",
+    "Summarize the debate about {s} in three sentences.",
+    "Give step-by-step advice for a beginner who wants to learn about {s}.",
+)
+_SENTENCES = (
+    "I would like to book a table for two at seven o'clock.", "The museum is closed on Mondays.",
+    "Could you tell me how to get to the train station?", "We have been working on this project for three months.",
+    "The weather will be sunny tomorrow, with a light breeze in the afternoon.",
+    "Please remember to turn off the lights when you leave the office.",
+    "My grandmother grew up in a small village near the sea.", "The meeting has been moved to Thursday morning.",
+    "Reading before bed helps me relax.", "The new library opens next week and everyone is invited.",
+)
+
+
+def general_prompts(n: int, seed: int) -> list[str]:
+    """n distinct general-domain chat prompts: explanations, comparisons, essays, emails, stories,
+    travel plans, roleplay, translations of everyday sentences and arithmetic word problems."""
+    rng = random.Random(seed)
+    out: dict[str, None] = {}  # insertion-ordered set
+    for _ in range(20 * n):
+        if len(out) >= n:
+            break
+        kind = rng.random()
+        if kind < 0.1:
+            p = _math_prompt(rng)
+        elif kind < 0.2:
+            p = f"Translate into {rng.choice(_LANGS)}: \"{rng.choice(_SENTENCES)}\""
+        else:
+            s, t = rng.sample(_SUBJECTS, 2)
+            p = rng.choice(_GENERAL_TEMPLATES).format(s=s, t=t, p=rng.choice(_PLACES))
+        out[p] = None
+    return list(out)
 
 
 def self_distill(model, tokenizer, prompts: list[str], max_new: int, batch: int, dtype: str) -> list[list[int]]:
