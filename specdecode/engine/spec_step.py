@@ -69,7 +69,7 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         kv.move(seq.slot, [L + 1 + p for p in res.path], L + 1)
         kv.set_length(seq.slot, L + 1 + len(res.path))
         kept_rows = [0] + [1 + p for p in res.path]  # rows of the verify forward now committed
-        if proposer.capture_layers or proposer.name in ("eagle", "eagle3", "draft-mtp"):
+        if proposer.reads_hidden:
             seq.hidden = (hidden[b, kept_rows], {i: h[b, kept_rows] for i, h in captured.items()})
         new_tokens = [tree.tokens[p] for p in res.path] + [res.token]
         # A request's first step (the drafter catching up on the prompt, the first token) is part of

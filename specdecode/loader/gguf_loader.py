@@ -358,9 +358,9 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
     if quant == "auto":
         quant = auto_quant(f)
     skip = set()
-    model = build_model(cfg, dtype, device, quant=quant)
-    if quant != "none":  # the embedding table stays in the file (see layers/embedding.py)
-        model.embed_tokens = file_embedding(f, dtype)
+    # a quantized model's embedding table stays in the file (see layers/embedding.py)
+    model = build_model(cfg, dtype, device, quant=quant, embedding=file_embedding(f, dtype) if quant != "none" else None)
+    if quant != "none":
         if not cfg.tie_word_embeddings:
             skip.add("token_embd.weight")  # nothing else reads it
     weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None, skip=skip)

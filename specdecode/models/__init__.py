@@ -34,9 +34,10 @@ def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                quant: str = "none", head_quant: str = "int8") -> LlamaModel:
+                quant: str = "none", head_quant: str = "int8", embedding: nn.Module | None = None) -> LlamaModel:
     """quant: weight format of the decoder's linear layers (none = dtype); the LM head gets
-    ``head_quant`` and the embedding table int8 rows whenever quant != none."""
+    ``head_quant`` and the embedding table int8 rows whenever quant != none, unless ``embedding``
+    (a ready module, e.g. the GGUF loader's FileEmbedding) is given: then that one is used."""
     if cfg.arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(
             f"unsupported architecture {cfg.arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
@@ -53,12 +54,13 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: st
                     if isinstance(child, nn.Linear):
                         setattr(mod, name, _quantized(child, head_quant if name == "lm_head" else quant,
                                                       torch.device(device)))
-            model.embed_tokens = Int8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+            # set before to_empty, so that the float table it replaces is never allocated
+            model.embed_tokens = embedding if embedding is not None else \
+                Int8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
     # to_empty allocates each tensor once, uninitialised, in its final dtype: loading a model never
     # holds a second full copy of it.
     model = model.to_empty(device=device)
-    if quant != "none" and model.lm_head is not None and cfg.tie_word_embeddings and hasattr(model.lm_head, "qweight") \
-            and hasattr(model.lm_head, "int8_rows"):
+    if quant != "none" and embedding is None and cfg.tie_word_embeddings and hasattr(model.lm_head, "int8_rows"):
         model.embed_tokens.share_with(model.lm_head)  # one int8 table for the tied embedding and head
     for m in model.modules():
         if m.__class__.__name__ == "RMSNorm":

@@ -23,6 +23,11 @@ DECAY = 0.97  # per-step decay of the counts (≈ the last 30 steps matter)
 EMA = 0.2  # weight of a new cost measurement
 
 
+def ema(old: float | None, new: float) -> float:
+    """A cost measurement folded into its running estimate (the first one is taken as it is)."""
+    return new if old is None else (1 - EMA) * old + EMA * new
+
+
 @dataclass
 class AcceptanceEstimate:
     tries: list[float] = field(default_factory=list)
@@ -62,9 +67,7 @@ class CostModel:
         self.v: dict[tuple[int, int], float] = {}
 
     def observe(self, batch: int, tokens: int, seconds: float) -> None:
-        key = (batch, tokens)
-        old = self.v.get(key)
-        self.v[key] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+        self.v[(batch, tokens)] = ema(self.v.get((batch, tokens)), seconds)
 
     def verify_cost(self, batch: int, tokens: int) -> float:
         if (batch, tokens) in self.v:
@@ -116,8 +119,7 @@ class DraftCost:
         self._s: dict[int, float] = {}
 
     def observe(self, batch: int, seconds: float) -> None:
-        old = self._s.get(batch)
-        self._s[batch] = seconds if old is None else (1 - EMA) * old + EMA * seconds
+        self._s[batch] = ema(self._s.get(batch), seconds)
 
     def __call__(self, batch: int) -> float:
         if batch not in self._s:

@@ -63,6 +63,7 @@ def find_head(spec: SpecConfig, model: str) -> Path:
 
 class EagleProposer(Proposer):
     chain_drafts = False  # k caps tree nodes, not depth
+    reads_hidden = True
 
     def __init__(self, spec: SpecConfig, engine, head: EagleHead | None = None):
         if spec.num_steps < 1 or spec.eagle_topk < 1 or spec.num_draft_tokens < 2:

@@ -70,6 +70,7 @@ def missing_heads_message(model: str) -> str:
 
 class MTPProposer(Proposer):
     name = "draft-mtp"
+    reads_hidden = True
 
     def __init__(self, spec: SpecConfig, engine, head=None):
         """``head``: an already loaded MTPHead (tests); else read from the engine's own model file."""

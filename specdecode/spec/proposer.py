@@ -26,10 +26,12 @@ class Proposer:
     - ``release(seq)`` frees per-sequence state when the sequence finishes.
     - ``draft_cost(n_seqs)``: measured seconds to draft one token for a batch of n_seqs (0 for free drafters);
       the draft-length controller weighs it against the target's verify cost.
-    - ``capture_layers``: target layers whose hidden states the proposer reads (EAGLE); the engine
-      passes them as ``seq.hidden`` after each verify."""
+    - ``reads_hidden``: the proposer reads the target's hidden states (EAGLE, MTP): after each verify
+      the engine sets ``seq.hidden`` = (final normed states [kept, H], {layer: [kept, H]} for
+      ``capture_layers``) of the rows it committed."""
 
     name = "none"
+    reads_hidden = False
     capture_layers: tuple[int, ...] = ()
     # True: a draft of k tokens is a chain of depth k, so a shorter one (no n-gram match, a draft
     # below --draft-p-min) leaves positions it was asked for undrafted; the controller counts them
