@@ -75,16 +75,16 @@ def main():
         prefill.append(len(prompt) / (t1 - t0))
         decode.append(a.decode_tokens / (t2 - t1))
     prefill, decode = prefill[1:], decode[1:]
-    # verify cost curve at a 256-token context: one forward over t new tokens, rolled back
-    curve = {}
-    for t in range(1, 10):
-        times = []
-        for _ in range(5):
+    # verify cost curve at a 256-token context: one forward over t new tokens, rolled back. Rounds
+    # interleave t = 1..9, so a drift of the machine's speed during the run hits every t alike.
+    times = {t: [] for t in range(1, 10)}
+    for _ in range(9):
+        for t in times:
             kv.set_length(slot, len(prompt))
             t0 = time.perf_counter()
             runner.forward([slot], [prompt[:t]], row_exact=True)  # as spec_step verifies
-            times.append(time.perf_counter() - t0)
-        curve[t] = statistics.median(times)
+            times[t].append(time.perf_counter() - t0)
+    curve = {t: statistics.median(v) for t, v in times.items()}
     bw = bandwidth(a.threads)
     wbytes = weight_bytes_per_token(eng.model)
     res = {

@@ -3,7 +3,7 @@ arithmetic, for both instruction-set bodies this machine can run (AVX512-VNNI an
 import pytest
 import torch
 
-from specdecode.kernels import TILE, load_native_kernels, native_kernels, pack_int4
+from specdecode.kernels import TILE, load_native_kernels, native_kernels, pack_int4, pack_int8
 from specdecode.layers.quant import quantize_int4
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native int4 kernel not buildable here")
@@ -59,6 +59,27 @@ def test_kernel_equals_its_exact_arithmetic(kernel, group_size):
         # Left: float32 rounding of a few products and sums per group (|terms| <= ~3 |ref| scale).
         scale_of = (x.double().abs() @ (codes.double() * scale.double().repeat_interleave(group_size, 1)
                                          + (zero - 8 * scale).double().abs().repeat_interleave(group_size, 1)).T)
+        assert ((y.double() - ref).abs() <= 2 ** -18 * scale_of + 1e-12).all()
+
+
+def test_int8_kernel_equals_its_exact_arithmetic(kernel):
+    """y = wscale * sum_g sx_g * (q . xq)_g with the int8 activations of the int4 kernel (groups of 32)."""
+    torch.manual_seed(2)
+    n, k = 64, 256
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    wscale = torch.rand(n) * 0.01 + 1e-3
+    packed = pack_int8(q)
+    for rows in (1, 3, 8, 9):
+        x = torch.randn(rows, k)
+        x[0, :32] = 0
+        y = kernel.int8_gemm(x, packed, wscale, n)
+        xg = x.reshape(rows, k // 32, 32)
+        amax = xg.abs().amax(-1)
+        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        xq = torch.round(xg * inv[..., None]).double()
+        dots = torch.einsum("rgk,ngk->rng", xq, q.double().reshape(n, k // 32, 32))
+        ref = (dots * (amax.double() / 127)[:, None, :]).sum(-1) * wscale.double()
+        scale_of = x.double().abs() @ (q.double().abs() * wscale.double()[:, None]).T
         assert ((y.double() - ref).abs() <= 2 ** -18 * scale_of + 1e-12).all()
 
 
