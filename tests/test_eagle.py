@@ -2,6 +2,8 @@
 reference, lossless output (greedy identical, sampled distribution) and training."""
 import json
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -360,6 +362,20 @@ def test_train_head_arguments():
     assert a.kind == "eagle3" and a.data == ["stdlib"] and a.lr is None and a.prompts is None
     e = eagle_args(a)
     assert e.steps == 7 and e.lr == EAGLE_DEFAULTS["lr"] and e.prompts is None and e.model == "m"
+
+
+def test_general_prompts_are_distinct_seeded_and_not_spec_bench():
+    """train-head --general: distinct prompts (the held-out ones are the tail of the same list), the same
+    for a seed, and none of them a Spec-Bench prompt (evaluation data is never trained on)."""
+    from specdecode.train.data import general_prompts
+
+    a = general_prompts(400, 0)
+    assert len(a) == len(set(a)) == 400 and a == general_prompts(400, 0) and a != general_prompts(400, 1)
+    bench = Path(__file__).resolve().parents[2] / "shared/datasets/spec_bench/question.jsonl"
+    if bench.exists():
+        turns = {t.strip() for line in bench.read_text().splitlines() if line.strip()
+                 for t in json.loads(line)["turns"]}
+        assert not turns & {x.strip() for x in a}
 
 
 @pytest.mark.integration
