@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Rebuilds the draft heads in heads/ from scratch: corpus = Python's standard library source plus the
-# target's own answers to chat prompts written from it (never Spec-Bench). SmolLM2's EAGLE-3 and MTP
+# target's own answers to chat prompts written from it and (Qwen) to general-domain prompts written
+# from word lists (never Spec-Bench). SmolLM2's EAGLE-3 and MTP
 # heads are committed; the Qwen2.5-Coder-0.5B EAGLE-3 head (66 MB) is not (.gitignore): this rebuilds it.
 # Each train-head call stops cleanly after --time-limit minutes and resumes where it stopped, so
 # the loop below re-runs it until the head is written. Usage: scripts/build_heads.sh [WORKDIR]
@@ -24,8 +25,8 @@ build() {  # build NAME EXTRA_TRAIN_ARGS...
 build smollm2-135m-instruct --dtype bfloat16 --seq-len 512 --corpus-tokens 16000 --distill 240 \
     --distill-tokens 192 --draft-vocab 8192 --steps 400 --batch-size 4 --lr 2e-3 --eval-every 50 --save-every 25
 
-build qwen2.5-coder-0.5b-instruct --dtype bfloat16 --seq-len 384 --corpus-tokens 16000 --distill 160 \
-    --distill-tokens 192 --draft-vocab 16384 --steps 300 --batch-size 4 --lr 2e-3 --eval-every 50 --save-every 25
+build qwen2.5-coder-0.5b-instruct --dtype bfloat16 --seq-len 384 --corpus-tokens 24000 --distill 160 --general 400 \
+    --distill-tokens 192 --draft-vocab 16384 --steps 800 --batch-size 4 --lr 2e-3 --eval-every 100 --save-every 25
 
 mtp="$work/smollm2-mtp"
 until [ -f "$mtp/mtp.safetensors" ]; do

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark figures of docs/benchmarks.md (round 3), in the order they were taken. Run on a quiet
+# The benchmark figures of docs/benchmarks.md (rounds 3 and 4), in the order they were taken. Run on a quiet
 # machine (no other CPU load: with two threads any other runnable process stalls torch's thread pool);
 # each figure is a ratio or a median measured within one process. Raw results land in out/.
 set -euo pipefail
@@ -50,3 +50,24 @@ specdecode bench-serve -t $T --spec-types none,ngram $CATS --limit 2 --requests 
   --json-out out/r8_bench_serve.json --plot docs/bench_serve.png
 python scripts/bench_prefix_cache.py --threads $T | tee out/prefix_cache.json
 python scripts/bench_tables.py out/r6_bench_*.json
+
+# Round 4: runtime after the vectorized activation quantization (verify curve interleaved).
+for mq in "qwen2.5-coder-1.5b-instruct auto" "qwen2.5-coder-0.5b-instruct auto" "qwen2.5-coder-0.5b-instruct int8" \
+          "smollm2-135m-instruct auto" "qwen2.5-coder-1.5b-instruct auto"; do
+  set -- $mq
+  python scripts/bench_runtime.py --model $1 --quant $2 --threads $T --reps 2 --decode-tokens 64 --json-out out/runtime_r4.jsonl
+done
+python scripts/bench_kernels.py --threads $T | tee out/kernels_r4.txt
+/usr/bin/time -f "peak_rss_kb %M" specdecode generate -t $T --chat "Write a Python function that reverses a linked list." \
+  --max-tokens 64 --temperature 0 2> out/peak_rss_r4.txt >/dev/null
+# Round 4: the Qwen 0.5B EAGLE-3 head retrained with general-domain self-distillation (the recipe now in
+# scripts/build_heads.sh, trained into out/heads/qwen05-eagle3-v2), against the round-3 head (still in
+# out/heads/qwen2.5-coder-0.5b-instruct-eagle3 on the machine that measured it) on the same prompts;
+# then the core proposers on the 1.5B again.
+specdecode bench -t $T --model qwen2.5-coder-0.5b-instruct --spec-head out/heads/qwen05-eagle3-v2 \
+  --spec-types "eagle3,eagle3(4,1,5),eagle3(3,2,6),eagle3(3,4,8),ngram" $CATS --limit 2 --max-tokens 128 \
+  --json-out out/r9_bench_qwen05_eagle3_v2.json
+specdecode bench -t $T --model qwen2.5-coder-0.5b-instruct --spec-head out/heads/qwen2.5-coder-0.5b-instruct-eagle3 \
+  --spec-types "eagle3,eagle3(3,2,6)" $CATS --limit 2 --max-tokens 128 --json-out out/r9_bench_qwen05_eagle3_v1.json
+specdecode bench -t $T --spec-types draft,ngram-simple,ngram --model-draft qwen2.5-coder-0.5b-instruct \
+  $CATS --limit 3 --max-tokens 128 --json-out out/r9_bench_greedy.json
