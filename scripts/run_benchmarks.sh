@@ -71,3 +71,9 @@ specdecode bench -t $T --model qwen2.5-coder-0.5b-instruct --spec-head out/heads
   --spec-types "eagle3,eagle3(3,2,6)" $CATS --limit 2 --max-tokens 128 --json-out out/r9_bench_qwen05_eagle3_v1.json
 specdecode bench -t $T --spec-types draft,ngram-simple,ngram --model-draft qwen2.5-coder-0.5b-instruct \
   $CATS --limit 3 --max-tokens 128 --json-out out/r9_bench_greedy.json
+# After the controller's depth fix for trees.
+specdecode bench -t $T --model qwen2.5-coder-0.5b-instruct --spec-head out/heads/qwen05-eagle3-v2 \
+  --spec-types "eagle3,eagle3(3,2,6),eagle3(3,4,8)" $CATS --limit 2 --max-tokens 128 --json-out out/r9_bench_qwen05_trees_depth.json
+specdecode bench -t $T --model out/smollm2-135m-instruct-mtp.gguf --spec-head heads/smollm2-135m-instruct-eagle3 \
+  --spec-types "eagle3,draft-mtp,eagle3(3,2,6),eagle3(3,4,8)" $CATS --limit 2 --max-tokens 128 \
+  --json-out out/r9_bench_smollm_heads.json

@@ -114,3 +114,14 @@ def test_low_acceptance_stays_near_plain_speed():
                 toks, cost = toks + acc + 1, cost + v(k + 1)
             rates.append(toks / cost)
         assert sum(rates) / len(rates) > 0.95, (a1, sum(rates) / len(rates))
+
+
+def test_tree_nodes_beyond_its_depth_count_as_cost_only():
+    """A tree of k nodes reaches at most its depth: with depth(k) = min(k, 3), nodes past the third
+    add verify rows but no modelled gain, so the controller stops at 3 where a chain goes deeper."""
+    alphas = [[0.9] * 6]
+    v = {t: 1.0 + 0.05 * (t - 1) for t in range(1, 8)}.__getitem__
+    assert choose_batch_draft_length(alphas, 0.01, v, 6) == 6
+    assert choose_batch_draft_length(alphas, 0.01, v, 6, depth=lambda k: min(k, 3)) == 3
+    # drafting costs are per level: the same tree costs 3 head steps whatever its node count
+    assert choose_batch_draft_length(alphas, 0.2, v, 6, depth=lambda k: min(k, 3)) == 3

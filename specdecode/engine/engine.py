@@ -176,9 +176,10 @@ class Engine:
         if spec.draft_fixed:
             return rooms
         batch = len(seqs)
-        alphas = [s.spec_state["accept"].alphas(r) for s, r in zip(seqs, rooms)]
+        alphas = [s.spec_state["accept"].alphas(self.proposer.depth(r)) for s, r in zip(seqs, rooms)]
         k = choose_batch_draft_length(alphas, self.proposer.draft_cost(batch),
-                                      lambda t: self.costs.verify_cost(batch, t), max(rooms), spec.draft_min)
+                                      lambda t: self.costs.verify_cost(batch, t), max(rooms), spec.draft_min,
+                                      depth=self.proposer.depth)
         return [min(k, r) for r in rooms]
 
     def _maybe_calibrate(self) -> None:

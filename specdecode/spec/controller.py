@@ -87,24 +87,28 @@ def choose_draft_length(alphas: list[float], draft_cost: float, verify_cost, k_m
 
 
 def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
-                              k_min: int = 0) -> int:
-    """One draft length for a batch verified in one forward: argmax_k sum_b E_b(k) / C(k).
+                              k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> int:
+    """One draft length for a batch verified in one forward: argmax_k sum_b E_b(depth(k)) / C(k).
 
     Rows are padded to the longest draft, so every sequence pays for the batch's k + 1 tokens
     whatever its own draft: choosing per sequence would let one sequence's long draft cost the whole
     batch its padded rows. alphas[b] has sequence b's per-position estimates; a list shorter than
-    k (less room left) caps that sequence's draft at its length. draft_cost: one batched drafting
-    step; verify_cost(t): the batch's forward over t tokens per row. One sequence: E(k)/C(k)."""
+    k (less room left) caps that sequence's draft at its length. depth(k): the positions a draft of
+    k tokens reaches and the drafting units it costs (a chain: k; a tree: at most its depth, its
+    other nodes are siblings). draft_cost: one batched drafting unit; verify_cost(t): the batch's
+    forward over t tokens per row. One sequence: E(k)/C(k)."""
     best_k, best = 0, len(alphas) / verify_cost(1)
-    expected, run = [1.0] * len(alphas), [1.0] * len(alphas)
-    for k in range(1, k_max + 1):
-        for b, a in enumerate(alphas):
-            if k <= len(a):
-                run[b] *= a[k - 1]
-                expected[b] += run[b]
-        if k < k_min:
-            continue
-        rate = sum(expected) / (k * draft_cost + verify_cost(k + 1))
+    # gain[b][d] = E_b over d positions = 1 + a_1 + a_1 a_2 + ... + a_1..a_d (d capped at len(a))
+    gain = []
+    for a in alphas:
+        g, run = [1.0], 1.0
+        for x in a:
+            run *= x
+            g.append(g[-1] + run)
+        gain.append(g)
+    for k in range(max(1, k_min), k_max + 1):
+        d = depth(k)
+        rate = sum(g[min(d, len(g) - 1)] for g in gain) / (d * draft_cost + verify_cost(k + 1))
         if rate > best:
             best_k, best = k, rate
     return best_k

@@ -90,6 +90,9 @@ class EagleProposer(Proposer):
         self.now = engine.timer.now
         self._step_cost = DraftCost(self._calibrate)  # seconds per tree level
 
+    def depth(self, k: int) -> int:
+        return min(k, self.spec.num_steps)  # one head step per level; nodes beyond are siblings
+
     @property
     def max_tokens(self) -> int:
         n = self.spec.num_draft_tokens - 1

@@ -26,6 +26,9 @@ class Proposer:
     - ``release(seq)`` frees per-sequence state when the sequence finishes.
     - ``draft_cost(n_seqs)``: measured seconds to draft one token for a batch of n_seqs (0 for free drafters);
       the draft-length controller weighs it against the target's verify cost.
+    - ``depth(k)``: the positions a draft of k tokens reaches and the drafting units it costs (k for a
+      chain; a tree's k nodes reach at most its depth): the controller counts gains and drafting
+      costs over depth(k) positions, and verify costs over k + 1 rows.
     - ``reads_hidden``: the proposer reads the target's hidden states (EAGLE, MTP): after each verify
       the engine sets ``seq.hidden`` = (final normed states [kept, H], {layer: [kept, H]} for
       ``capture_layers``) of the rows it committed."""
@@ -52,6 +55,10 @@ class Proposer:
 
     def draft_cost(self, n_seqs: int = 1) -> float:
         return 0.0
+
+    def depth(self, k: int) -> int:
+        """Positions a draft of k tokens can reach (a chain: k) and the drafting units it costs."""
+        return k
 
     @property
     def max_tokens(self) -> int:
