@@ -203,6 +203,26 @@ def test_cuda_layers_multiply_by_their_quantized_weight(cls, kwargs):
     assert (layer(x).double() - ref).abs().max() <= 0.02 * ref.abs().max()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("cls", [Int8Linear, Int4Linear])
+def test_cuda_shard_by_shard_loading_equals_one_load(cls):
+    # q/k/v shards off the 64-row blocks wait in a stash and are packed when their block completes:
+    # on CUDA that must still be the CUDA packing
+    from specdecode.layers.quant_device import device_kernel
+
+    w = weight(368, 256).cuda()
+    kwargs = {"group_size": 64} if cls is Int4Linear else {}
+    kwargs["kernel"] = device_kernel(cls.kind, "cuda")  # as build_model picks it
+    with torch.device("meta"):
+        layer = cls(256, 368, **kwargs)
+    layer = layer.to(dtype=torch.float32).to_empty(device="cuda")
+    for off, n in ((10, 100), (320, 48), (0, 10), (110, 150), (260, 60)):
+        layer.load_rows(off, w[off:off + n])
+    whole = cls.from_float(w, **kwargs)
+    x = torch.randn(4, 256, device="cuda")
+    assert torch.equal(layer(x), whole(x))
+
+
 # -- the dequant kernel (any device) and the per-device choice of PyTorch's kernels -------------------
 
 @pytest.mark.parametrize("group_size", [32, 128])

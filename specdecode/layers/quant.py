@@ -87,7 +87,8 @@ class _QuantLinear(nn.Module):
         block = start // rows * rows
         size = min(rows, self.out_features - block)
         buf, filled = self._pending.setdefault(
-            block, (torch.zeros((size,) + codes.shape[1:], dtype=codes.dtype), torch.zeros(size, dtype=torch.bool)))
+            block, (torch.zeros((size,) + codes.shape[1:], dtype=codes.dtype, device=codes.device),
+                    torch.zeros(size, dtype=torch.bool)))
         buf[start - block:start - block + len(codes)] = codes
         filled[start - block:start - block + len(codes)] = True
         if filled.all():
@@ -295,9 +296,9 @@ class Int4Linear(_QuantLinear):
             return pack_int4(codes, self.group_size)
         if self._mode == "dequant":
             return pack_nibbles(codes)
-        if codes.is_cuda:
+        if self.qweight.is_cuda:  # (a stashed partial block's codes may sit on the CPU)
             # tinygemm on CUDA takes two codes per byte, the even k in the high nibble
-            c = codes.to(torch.uint8)
+            c = codes.to(self.qweight.device, torch.uint8)
             packed = torch.ops.aten._convert_weight_to_int4pack((c[:, 0::2] << 4 | c[:, 1::2]).contiguous(),
                                                                 _inner_k_tiles(self.in_features))
             return packed.contiguous().view(torch.uint8).reshape(len(codes), -1)
