@@ -43,34 +43,26 @@
 #define SPECDECODE_ISA "avx512vnni"
 #define INT8_UNSIGNED_BIAS 1 /* vpdpbusd sees u = q + 128: the kernel subtracts 128 sum(sx xq) */
 
-/* x [R, K] float -> xq int8 [R, K], sx / xsum float [R, K / gs]; xqsum (may be NULL): the integer
- * sums of xq per group, as float. Per group: sx = max|x| / 127, xq = rint(x * (127 / max|x|)) (the
- * current rounding mode: nearest even, as lrintf), 0 for an all-zero group. gs % 16 == 0. */
-static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
-    const int G = K / gs;
-    for (int r = 0; r < R; r++) {
-        for (int g = 0; g < G; g++) {
-            const float *p = x + (size_t)r * K + (size_t)g * gs;
-            int8_t *q = xq + (size_t)r * K + (size_t)g * gs;
-            __m512 vmax = _mm512_setzero_ps(), vsum = _mm512_setzero_ps();
-            for (int i = 0; i < gs; i += 16) {
-                const __m512 v = _mm512_loadu_ps(p + i);
-                vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
-                vsum = _mm512_add_ps(vsum, v);
-            }
-            const float amax = _mm512_reduce_max_ps(vmax);
-            const __m512 inv = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-            __m512i qsum = _mm512_setzero_si512();
-            for (int i = 0; i < gs; i += 16) {
-                const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv)); /* |.| <= 127 */
-                _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(qi));
-                qsum = _mm512_add_epi32(qsum, qi);
-            }
-            sx[(size_t)r * G + g] = amax / 127.f;
-            xsum[(size_t)r * G + g] = _mm512_reduce_add_ps(vsum);
-            if (xqsum) xqsum[(size_t)r * G + g] = (float)_mm512_reduce_add_epi32(qsum);
-        }
+/* One activation group p[0 .. gs) -> q int8 and its max |x|, float sum and integer sum of q:
+ * q = rint(x * (127 / max|x|)) (the current rounding mode: nearest even, as lrintf), 0 for an
+ * all-zero group. gs % 16 == 0. */
+static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax, float *sum, int32_t *qsum) {
+    __m512 vmax = _mm512_setzero_ps(), vsum = _mm512_setzero_ps();
+    for (int i = 0; i < gs; i += 16) {
+        const __m512 v = _mm512_loadu_ps(p + i);
+        vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+        vsum = _mm512_add_ps(vsum, v);
     }
+    *amax = _mm512_reduce_max_ps(vmax);
+    const __m512 inv = _mm512_set1_ps(*amax > 0.f ? 127.f / *amax : 0.f);
+    __m512i vq = _mm512_setzero_si512();
+    for (int i = 0; i < gs; i += 16) {
+        const __m512i qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p + i), inv)); /* |.| <= 127 */
+        _mm_storeu_si128((__m128i *)(q + i), _mm512_cvtsepi32_epi8(qi));
+        vq = _mm512_add_epi32(vq, qi);
+    }
+    *sum = _mm512_reduce_add_ps(vsum);
+    *qsum = _mm512_reduce_add_epi32(vq);
 }
 
 /* Rows [r0, r0 + RB) against tile t: RB is a compile-time constant after inlining. */
@@ -153,39 +145,29 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
 }
 
-/* As the AVX512 quantize_rows above (same rounding, same results but for the order of the float
- * sums in xsum). gs % 8 == 0. */
-static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
-    const int G = K / gs;
+/* As the AVX512 quantize_group above (same rounding, same results but for the order of the float
+ * sum). gs % 8 == 0. */
+static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax, float *sum, int32_t *qsum) {
     const __m256 sign = _mm256_set1_ps(-0.f);
-    for (int r = 0; r < R; r++) {
-        for (int g = 0; g < G; g++) {
-            const float *p = x + (size_t)r * K + (size_t)g * gs;
-            int8_t *q = xq + (size_t)r * K + (size_t)g * gs;
-            __m256 vmax = _mm256_setzero_ps(), vsum = _mm256_setzero_ps();
-            for (int i = 0; i < gs; i += 8) {
-                const __m256 v = _mm256_loadu_ps(p + i);
-                vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
-                vsum = _mm256_add_ps(vsum, v);
-            }
-            const float amax = hmax8(vmax);
-            const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-            __m256i qsum = _mm256_setzero_si256();
-            for (int i = 0; i < gs; i += 8) {
-                const __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + i), inv)); /* |.| <= 127 */
-                const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
-                _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(w16, w16));
-                qsum = _mm256_add_epi32(qsum, qi);
-            }
-            sx[(size_t)r * G + g] = amax / 127.f;
-            xsum[(size_t)r * G + g] = hsum8(vsum);
-            if (xqsum) {
-                const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(qsum), _mm256_extracti128_si256(qsum, 1));
-                const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-                xqsum[(size_t)r * G + g] = (float)_mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
-            }
-        }
+    __m256 vmax = _mm256_setzero_ps(), vsum = _mm256_setzero_ps();
+    for (int i = 0; i < gs; i += 8) {
+        const __m256 v = _mm256_loadu_ps(p + i);
+        vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(sign, v));
+        vsum = _mm256_add_ps(vsum, v);
     }
+    *amax = hmax8(vmax);
+    const __m256 inv = _mm256_set1_ps(*amax > 0.f ? 127.f / *amax : 0.f);
+    __m256i vq = _mm256_setzero_si256();
+    for (int i = 0; i < gs; i += 8) {
+        const __m256i qi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(p + i), inv)); /* |.| <= 127 */
+        const __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(qi), _mm256_extracti128_si256(qi, 1));
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(w16, w16));
+        vq = _mm256_add_epi32(vq, qi);
+    }
+    *sum = hsum8(vsum);
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(vq), _mm256_extracti128_si256(vq, 1));
+    const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    *qsum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
 }
 
 /* u8 x s8 dot products of 4-byte lanes, added to acc: AVX2 has no vpdpbusd. maddubs cannot
@@ -279,6 +261,22 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
 #else
 #error "quant_gemm.c needs AVX512-VNNI or AVX2+FMA+F16C (the loader falls back to PyTorch's kernel)"
 #endif
+
+/* x [R, K] float -> xq int8 [R, K], sx / xsum float [R, K / gs] (sx = max|x| / 127, xsum = the float
+ * sum of x); xqsum (may be NULL): the integer sums of xq per group, as float. */
+static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
+    const int G = K / gs;
+    for (int r = 0; r < R; r++) {
+        for (int g = 0; g < G; g++) {
+            const size_t rg = (size_t)r * G + g;
+            float amax;
+            int32_t qsum;
+            quantize_group(x + rg * gs, gs, xq + rg * gs, &amax, &xsum[rg], &qsum);
+            sx[rg] = amax / 127.f;
+            if (xqsum) xqsum[rg] = (float)qsum;
+        }
+    }
+}
 
 static void tile(const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t,
                  const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N) {
