@@ -58,6 +58,11 @@ class _QuantLinear(nn.Module):
         self._native = None  # the native kernels (specdecode/kernels) when this layer uses them
         self._mode = "torch"  # native | torch | dequant
 
+    def _use_kernel(self, native, kernel: str) -> None:
+        """native: the built kernels, or None (not asked for, or this shape does not fit them)."""
+        self._native = native
+        self._mode = "native" if native is not None else ("dequant" if kernel == "dequant" else "torch")
+
     @property
     def kernel(self) -> str:
         return self._mode
@@ -168,8 +173,7 @@ class Int8Linear(_QuantLinear):
                 raise ValueError(f"the native int8 kernel needs out % {TILE} == 0 and in % {INT8_GROUP} == 0, "
                                  f"got in={in_features} out={out_features}")
             native = None
-        self._native = native
-        self._mode = "native" if native is not None else ("dequant" if kernel == "dequant" else "torch")
+        self._use_kernel(native, kernel)
         self._pack_rows = TILE if native is not None else 1
         self.register_buffer("qweight", torch.empty(out_features, in_features,
                                                     dtype=torch.uint8 if native is not None else torch.int8))
@@ -260,8 +264,7 @@ class Int4Linear(_QuantLinear):
                              f"out_features % 16 == 0, got in={in_features} out={out_features} group={group_size}")
         native = _native_kernels(kernel)
         self.group_size = group_size
-        self._native = native
-        self._mode = "native" if native is not None else ("dequant" if kernel == "dequant" else "torch")
+        self._use_kernel(native, kernel)
         # Rows packed together: native 16-row tiles; tinygemm interleaves blocks of 64 (CPU AVX512),
         # 32 (CPU AVX2) or 8 (CUDA) rows; nibble pairs are row-local.
         self._pack_rows = {"native": TILE, "torch": 64, "dequant": 1}[self._mode]

@@ -123,6 +123,7 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
     from .data import (check_prompt_file, distill_prompts, extract_shard, general_prompts, is_heldout,
                        sample_windows, write_manifest)
 
+    # "general" enters the manifest only when used, so caches built before the flag existed stay valid
     settings = {"model": str(a.model), "data": list(a.data), "layers": list(layers), "seed": a.seed,
                 **{k: getattr(a, k) for k in _FEATURE_KEYS if k != "general" or a.general}, "prompts": a.prompts}
     write_manifest(fdir, settings)
