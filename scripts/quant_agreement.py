@@ -15,8 +15,8 @@ import torch
 
 
 def logits_for(path, quant, ids, threads):
-    from specdecode.engine.kv_cache import KVCache
-    from specdecode.engine.model_runner import ModelRunner
+    from specdecode.runtime.kv_cache import KVCache
+    from specdecode.runtime.model_runner import ModelRunner
     from specdecode.loader import load_checkpoint
 
     model, tok = load_checkpoint(path, torch.float32, "cpu", quant)

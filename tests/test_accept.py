@@ -16,8 +16,8 @@ import torch
 
 from specdecode.sampling import process_logits, sample
 from specdecode.sampling_params import SamplingParams
-from specdecode.spec.tree import DraftTree
-from specdecode.spec.verify import accept, accept_batch
+from specdecode.speculative.tree import DraftTree
+from specdecode.speculative.verify import accept, accept_batch
 
 V, M, H0 = 6, 4099, 17  # vocabulary, hash buckets (prime), hash of the prompt
 N = 150_000  # sequences per run of the right rule

@@ -1,5 +1,5 @@
 """The draft-length cost model: drafts when verifying is cheap and acceptance high, stops when not."""
-from specdecode.spec.controller import (AcceptanceEstimate, CostModel, choose_batch_draft_length,
+from specdecode.speculative.controller import (AcceptanceEstimate, CostModel, choose_batch_draft_length,
                                          choose_draft_length)
 
 
@@ -31,8 +31,8 @@ def test_positions_asked_but_not_drafted_count_as_misses():
     than asked: those positions gained nothing (and cost padded rows in a batch), so the estimate
     falls as for a rejection, and the controller stops asking."""
     from specdecode import SamplingParams
-    from specdecode.spec.controller import PRIOR_ALPHA
-    from specdecode.spec.tree import DraftTree
+    from specdecode.speculative.controller import PRIOR_ALPHA
+    from specdecode.speculative.tree import DraftTree
     from tiny_models import tiny_llm
 
     llm = tiny_llm("ngram-simple", draft_max=3)

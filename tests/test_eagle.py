@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from specdecode import LLM, SamplingParams
-from specdecode.engine.kv_cache import KVCache
-from specdecode.engine.model_runner import ModelRunner
+from specdecode.runtime.kv_cache import KVCache
+from specdecode.runtime.model_runner import ModelRunner
 from specdecode.errors import ModelFileError
 from specdecode.loader.eagle_ckpt import load_head, save_head
 from specdecode.models.eagle import EagleConfig, attend, init_head
@@ -401,7 +401,7 @@ def test_smollm2_bundled_head_greedy_identical():
 def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
     """The head reads the prompt's features captured by the target's own prefill: the proposer never
     runs the target again over the prompt, and its drafts are those of the full-prompt reference."""
-    import specdecode.spec.eagle as eagle_mod
+    import specdecode.speculative.eagle as eagle_mod
 
     def no_recompute(*a, **kw):
         raise AssertionError("the proposer re-ran the target over the prompt")

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gguf_fixtures import K_QUANTS, Q, encode, reference_model, write_gguf
-from specdecode.engine.kv_cache import KVCache
-from specdecode.engine.model_runner import ModelRunner
+from specdecode.runtime.kv_cache import KVCache
+from specdecode.runtime.model_runner import ModelRunner
 from specdecode.errors import ModelFileError, UnsupportedModelError
 from specdecode.loader.gguf_loader import (GGUFFile, auto_quant, GGUFTensorInfo, dequantize_tensor, gguf_tensor_infos, hf_name,
                                            iter_gguf_tensors, load_gguf_model, read_gguf_config, unpermute_rows)

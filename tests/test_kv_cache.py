@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from specdecode import SamplingParams
-from specdecode.engine.kv_cache import KVCache
+from specdecode.runtime.kv_cache import KVCache
 from specdecode.errors import OutOfMemoryBudgetError
-from specdecode.spec.tree import DraftTree
+from specdecode.speculative.tree import DraftTree
 from tiny_models import hf_model, ours_from_hf, tiny_llm
 
 ATOL = 1e-9  # float64 throughout: different summation orders agree to ~1e-13
@@ -121,7 +121,7 @@ def test_idle_draft_model_catches_up_on_the_last_tokens_only():
     """After k = 0 steps the draft model feeds only the last CATCH_UP pending tokens, at their true
     positions: its cache is then what it held plus those tokens, it drafts what that context predicts,
     and the output stays token-identical to plain greedy decoding."""
-    from specdecode.spec.draft_model import CATCH_UP
+    from specdecode.speculative.draft_model import CATCH_UP
 
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompt = _ids(8, 8)

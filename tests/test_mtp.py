@@ -11,8 +11,8 @@ import torch
 from gguf_fixtures import write_gguf
 from specdecode import LLM, SamplingParams
 from specdecode.cli import main as cli_main
-from specdecode.engine.context import Context, use_context
-from specdecode.engine.kv_cache import KVCache
+from specdecode.runtime.context import Context, use_context
+from specdecode.runtime.kv_cache import KVCache
 from specdecode.errors import ModelFileError
 from specdecode.loader.gguf_loader import GGUFFile, load_gguf_model, read_gguf_config
 from specdecode.loader.hf import config_from_hf
@@ -186,7 +186,7 @@ def mtp_llm(tmp_path, scale: float, oracle: bool, **kw):
     (1.0, False, dict(draft_fixed=True, draft_max=3)),  # a random head: nearly everything rejected
 ])
 def test_greedy_identical(tmp_path, monkeypatch, scale, oracle, kw):
-    import specdecode.spec.mtp as mtp
+    import specdecode.speculative.mtp as mtp
 
     monkeypatch.setattr(mtp, "PROMPT_WINDOW", 6)  # also exercises the prompt window and its restarts
     plain, spec = mtp_llm(tmp_path, scale, oracle, **kw)

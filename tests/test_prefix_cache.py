@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdecode import SamplingParams
-from specdecode.engine.kv_cache import KVCache
+from specdecode.runtime.kv_cache import KVCache
 from specdecode.engine.prefix_cache import PrefixCache, common_prefix_len
 from tiny_models import tiny_llm
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from specdecode import LLM, SamplingParams
-from specdecode.engine.kv_cache import KVCache
-from specdecode.engine.model_runner import ModelRunner
+from specdecode.runtime.kv_cache import KVCache
+from specdecode.runtime.model_runner import ModelRunner
 from specdecode.loader.hf import config_from_hf
 from specdecode.kernels import native_kernels
 from specdecode.models import build_model

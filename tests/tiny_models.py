@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from specdecode.engine.kv_cache import KVCache
-from specdecode.engine.model_runner import ModelRunner
+from specdecode.runtime.kv_cache import KVCache
+from specdecode.runtime.model_runner import ModelRunner
 from specdecode.loader.hf import config_from_hf
 from specdecode.models import build_model
 

@@ -13,12 +13,12 @@ import torch
 from ..config import EngineConfig
 from ..errors import InvalidRequestError
 from ..sampling_params import SamplingParams
-from ..spec import make_proposer
-from ..spec.controller import AcceptanceEstimate, CostModel, Timer, choose_batch_draft_length
+from ..speculative import make_proposer
+from ..speculative.controller import AcceptanceEstimate, CostModel, Timer, choose_batch_draft_length
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
-from .kv_cache import KVCache
-from .model_runner import ModelRunner
+from ..runtime.kv_cache import KVCache
+from ..runtime.model_runner import ModelRunner
 from .prefix_cache import PrefixCache
 from .sequence import Sequence
 from .spec_step import speculative_step

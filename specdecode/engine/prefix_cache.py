@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 
-from .kv_cache import KVCache
+from ..runtime.kv_cache import KVCache
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:

@@ -12,7 +12,7 @@ import torch
 
 from ..sampling import StopChecker
 from ..sampling_params import SamplingParams
-from ..spec.metrics import SpecStats
+from ..speculative.metrics import SpecStats
 from ..tokenizer.detok import StreamingDetokenizer
 
 _ids = itertools.count()

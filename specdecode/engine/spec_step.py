@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import process_logits
-from ..spec.proposer import Proposer
-from ..spec.tree import DraftTree
-from ..spec.verify import accept
-from .model_runner import ModelRunner
+from ..speculative.proposer import Proposer
+from ..speculative.tree import DraftTree
+from ..speculative.verify import accept
+from ..runtime.model_runner import ModelRunner
 from .sequence import Sequence
 
 

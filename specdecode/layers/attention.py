@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..engine.context import get_context
+from ..runtime.context import get_context
 from .linear import make_linear
 from .norm import RMSNorm
 from .rotary import apply_rotary

@@ -10,7 +10,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from ..engine.context import get_context
+from ..runtime.context import get_context
 from ..layers.attention import Attention
 from ..layers.linear import make_linear
 from ..layers.mlp import SwiGLU

@@ -71,7 +71,7 @@ def cmd_train_head(a) -> int:
     from ..engine.engine import resolve_device_dtype
     from ..loader import load_checkpoint
     from ..loader.eagle_ckpt import save_head
-    from ..spec.eagle import model_key
+    from ..speculative.eagle import model_key
     from ..store import resolve_model
     from .data import load_shards, resolve_data
     from .eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_weight

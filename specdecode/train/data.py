@@ -233,8 +233,8 @@ def extract_shard(model, windows: list[list[int]], layers: tuple[int, ...], batc
     """The frozen target over token windows: per token the captured layer outputs (concatenated,
     [N, len(layers) * H]; None without layers), the final normed hidden [N, H] (bfloat16), and the
     target's argmax [N]; windows concatenated (``lens`` gives their lengths)."""
-    from ..engine.kv_cache import KVCache
-    from ..engine.model_runner import ModelRunner
+    from ..runtime.kv_cache import KVCache
+    from ..runtime.model_runner import ModelRunner
 
     c = model.cfg
     longest = max(len(w) for w in windows)

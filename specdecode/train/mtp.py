@@ -118,8 +118,8 @@ class Target:
     """The frozen target: final hidden states and distributions for a batch, through its own runner."""
 
     def __init__(self, model, batch_size: int, seq_len: int):
-        from ..engine.kv_cache import KVCache
-        from ..engine.model_runner import ModelRunner
+        from ..runtime.kv_cache import KVCache
+        from ..runtime.model_runner import ModelRunner
 
         c = model.cfg
         self.model = model

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from ..config import SpecConfig
-from ..engine.kv_cache import KVCache
-from ..engine.model_runner import ModelRunner
+from ..runtime.kv_cache import KVCache
+from ..runtime.model_runner import ModelRunner
 from ..errors import InvalidRequestError
 from ..models.eagle import EagleHead
 from .controller import DraftCost

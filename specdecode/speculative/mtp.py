@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from ..config import SpecConfig
-from ..engine.context import Context, use_context
-from ..engine.kv_cache import KVCache
+from ..runtime.context import Context, use_context
+from ..runtime.kv_cache import KVCache
 from ..errors import ModelFileError
 from .controller import DraftCost
 from .proposer import Proposer, extend_chain

@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from ..config import SpecConfig
-from ..engine.kv_cache import KVCache
-from ..engine.model_runner import ModelRunner
+from ..runtime.kv_cache import KVCache
+from ..runtime.model_runner import ModelRunner
 from ..errors import SpecDecodeError
-from ..spec.controller import DraftCost
+from ..speculative.controller import DraftCost
 from .proposer import Proposer, extend_chain
 from .tree import DraftTree
 
