@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rebuilds the draft heads in heads/ from scratch: corpus = Python's standard library source plus the
+# Rebuilds the draft heads in specdecode/heads/ from scratch: corpus = Python's standard library source plus the
 # target's own answers to chat prompts written from it and (Qwen) to general-domain prompts written
 # from word lists (never Spec-Bench). SmolLM2's EAGLE-3 and MTP
 # heads are committed; the Qwen2.5-Coder-0.5B EAGLE-3 head (66 MB) is not (.gitignore): this rebuilds it.
@@ -17,9 +17,9 @@ build() {  # build NAME EXTRA_TRAIN_ARGS...
         nice -n 10 specdecode train-head --model "$name" --kind eagle3 --data stdlib --out "$out" \
             --threads "$threads" --time-limit 19 --seed 0 "$@"
     done
-    mkdir -p "heads/$name-eagle3"
-    cp "$out/config.json" "$out/model.safetensors" "$out/train_report.json" "heads/$name-eagle3/"
-    echo "heads/$name-eagle3 rebuilt"
+    mkdir -p "specdecode/heads/$name-eagle3"
+    cp "$out/config.json" "$out/model.safetensors" "$out/train_report.json" "specdecode/heads/$name-eagle3/"
+    echo "specdecode/heads/$name-eagle3 rebuilt"
 }
 
 build smollm2-135m-instruct --dtype bfloat16 --seq-len 512 --corpus-tokens 16000 --distill 240 \
@@ -34,5 +34,5 @@ until [ -f "$mtp/mtp.safetensors" ]; do
         --ttt-steps 2 --steps 130 --lr 1.5e-3 --eval-every 40 --save-every 20 --time-limit 17 --out "$mtp" \
         --threads "$threads"
 done
-cp "$mtp/config.json" "$mtp/mtp.safetensors" heads/smollm2-mtp/
-echo "heads/smollm2-mtp rebuilt"
+cp "$mtp/config.json" "$mtp/mtp.safetensors" specdecode/heads/smollm2-mtp/
+echo "specdecode/heads/smollm2-mtp rebuilt"

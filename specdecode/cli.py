@@ -1,75 +1,12 @@
-"""The ``specdecode`` command line: generate, bench, serve, bench-serve, pull, models (train-head
-comes with its issue). Flags mirror llama.cpp's names; defaults come from config.py and sampling_params.py."""
+"""The ``specdecode`` command line: generate, bench, serve, bench-serve, pull, models, train-head,
+attach-mtp. Flags mirror llama.cpp's names; the shared ones and their defaults live in args.py."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from dataclasses import fields
-
-from .config import SPEC_TYPES, EngineConfig, SpecConfig
+from .args import add_model_args, add_sampling_args, add_spec_args, engine_config, sampling_params
 from .errors import SpecDecodeError
-from .sampling_params import SamplingParams
-
-_SPEC = {f.name: f.default for f in fields(SpecConfig)}
-_ENG = {f.name: f.default for f in fields(EngineConfig) if f.name != "spec"}
-_SAMP = {f.name: f.default for f in fields(SamplingParams)}
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", "-m", default=_ENG["model"], help="known name, GGUF file or HF directory")
-    p.add_argument("--dtype", default=_ENG["dtype"], help="auto | float32 | bfloat16 | float16")
-    p.add_argument("--quant", default=_ENG["quant"], choices=("auto", "none", "int8", "int4"),
-                   help="weight format of the linear layers (auto: closest to the GGUF's own bit width)")
-    p.add_argument("--device", default=_ENG["device"], help="auto | cpu | cuda")
-    p.add_argument("--kv-cache-dtype", default=_ENG["kv_cache_dtype"],
-                   help="auto | float32 | bfloat16 | float16 (auto: bfloat16 for quantized weights on CPU)")
-    p.add_argument("--threads", "-t", type=int, default=_ENG["threads"])
-    p.add_argument("--ctx-size", "-c", dest="max_model_len", type=int, default=_ENG["max_model_len"])
-
-
-def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec-type", default=_SPEC["spec_type"], choices=SPEC_TYPES)
-    p.add_argument("--model-draft", "-md", default=_SPEC["model_draft"])
-    p.add_argument("--quant-draft", default=_SPEC["quant_draft"], choices=("auto", "none", "int8", "int4"),
-                   help="weight format of the draft model's linear layers (auto: closest to its GGUF's bits)")
-    p.add_argument("--draft-max", type=int, default=_SPEC["draft_max"])
-    p.add_argument("--draft-min", type=int, default=_SPEC["draft_min"])
-    p.add_argument("--draft-p-min", type=float, default=_SPEC["draft_p_min"])
-    p.add_argument("--draft-fixed", action="store_true", help="always draft --draft-max tokens (no cost model)")
-    p.add_argument("--spec-ngram-size-n", dest="ngram_size_n", type=int, default=_SPEC["ngram_size_n"])
-    p.add_argument("--prompt-lookup-min", type=int, default=_SPEC["prompt_lookup_min"])
-    p.add_argument("--prompt-lookup-max", type=int, default=_SPEC["prompt_lookup_max"])
-    p.add_argument("--num-steps", type=int, default=_SPEC["num_steps"])
-    p.add_argument("--eagle-topk", type=int, default=_SPEC["eagle_topk"])
-    p.add_argument("--num-draft-tokens", type=int, default=_SPEC["num_draft_tokens"])
-    p.add_argument("--spec-head", dest="head", default=_SPEC["head"])
-
-
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", "-n", type=int, default=_SAMP["max_tokens"])
-    p.add_argument("--temperature", "--temp", type=float, default=_SAMP["temperature"])
-    p.add_argument("--top-p", type=float, default=_SAMP["top_p"])
-    p.add_argument("--top-k", type=int, default=_SAMP["top_k"])
-    p.add_argument("--min-p", type=float, default=_SAMP["min_p"])
-    p.add_argument("--seed", type=int, default=_SAMP["seed"])
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-
-
-def spec_config(a) -> SpecConfig:
-    return SpecConfig(**{k: getattr(a, k) for k in _SPEC if hasattr(a, k)})
-
-
-def engine_config(a, **over) -> EngineConfig:
-    kw = {k: getattr(a, k) for k in _ENG if hasattr(a, k)}
-    kw.update(over)
-    return EngineConfig(spec=spec_config(a), **kw)
-
-
-def sampling_params(a) -> SamplingParams:
-    return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                          min_p=a.min_p, seed=a.seed, stop=tuple(a.stop))
-
 
 def cmd_generate(a) -> int:
     from .llm import LLM
@@ -114,7 +51,6 @@ def cmd_models(a) -> int:
     return 0
 
 
-# -- attach-mtp (MTP heads, issue 5) -----------------------------------------------------------------
 def cmd_attach_mtp(a) -> int:
     from .loader.mtp_ckpt import attach_mtp
     from .store import resolve_model
@@ -129,7 +65,6 @@ def add_attach_mtp_parser(sub) -> None:
     x.add_argument("--head", required=True, help="head directory (train-head --kind mtp), or a file with heads")
     x.add_argument("--out", "-o", required=True, help="the GGUF file to write")
     x.set_defaults(func=cmd_attach_mtp)
-# -- end attach-mtp ----------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,13 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench.serve import add_bench_serve_parser
     from .server.cli import add_serve_parser
 
-    add_bench_parser(sub, add_model_args, add_spec_args)
-    add_attach_mtp_parser(sub)
-    add_serve_parser(sub, add_model_args, add_spec_args)
-    add_bench_serve_parser(sub, add_model_args, add_spec_args)
     from .train.cli import add_train_parser
 
-    add_train_parser(sub, add_model_args)
+    add_bench_parser(sub)
+    add_attach_mtp_parser(sub)
+    add_serve_parser(sub)
+    add_bench_serve_parser(sub)
+    add_train_parser(sub)
     return ap
 
 

@@ -47,10 +47,21 @@ class EngineConfig:
     quant: str = "auto"  # linear-layer weights: none | int8 | int4 | auto (closest to the GGUF's own bits)
     device: str = "auto"  # auto = cuda if available, else cpu
     max_model_len: int = 4096  # per-sequence context cap (also capped by the model's own)
-    max_num_seqs: int = 1  # KV-cache slots (concurrent sequences)
+    # KV-cache slots (concurrent sequences); more requests wait in a queue. A slot's memory is touched
+    # only once it is used (runtime/kv_cache.py), so idle slots cost address space, not RAM.
+    max_num_seqs: int = 4
     kv_cache_tokens: int | None = None  # total KV budget in tokens; None = max_num_seqs * max_model_len
+    enable_prefix_caching: bool = True  # a new prompt reuses the KV of a finished one sharing its prefix
+    prefill_chunk: int = 512  # prompt tokens per forward: bounds a long prompt's stall of running decodes
     # KV-cache element type: auto = bfloat16 for a quantized model on CPU (half the memory of float32,
     # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.
     kv_cache_dtype: str = "auto"
     threads: int | None = None  # torch CPU threads; None = torch's default
+    attention_backend: str = "torch-sdpa"  # runtime/attention: how queries meet the KV cache
     spec: SpecConfig = field(default_factory=SpecConfig)
+
+    def __post_init__(self):
+        from .errors import InvalidRequestError
+
+        if self.max_num_seqs < 1 or self.prefill_chunk < 1 or self.max_model_len < 2:
+            raise InvalidRequestError("--max-num-seqs and --prefill-chunk must be >= 1, --ctx-size >= 2")

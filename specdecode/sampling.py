@@ -64,8 +64,9 @@ def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[Sampl
     return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """probs [N, V] → tokens [N] long; the same generator state gives the same tokens.
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
+    """probs [N, V] → tokens [N] long; the same generator state gives the same tokens. ``u`` [N]:
+    the uniforms to use instead of drawing them from ``generator`` (rows with their own generators).
 
     Inverse CDF with one uniform per row: the first index whose cumulative mass exceeds u · total.
     Several times faster on CPU than torch.multinomial / an exponential race, which draw V random
@@ -74,7 +75,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> tor
     (its CDF step is exactly flat). u is drawn in float32 (<= 1 - 2^-24), so u · total < total and the
     index stays in range. Rows with a single non-zero entry (greedy) give their argmax."""
     cdf = probs.double().cumsum(-1)  # [N, V]
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device).double()
+    if u is None:
+        u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
+    u = u.reshape(-1, 1).to(probs.device).double()
     drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
     deterministic = (probs > 0).sum(-1) == 1
     return torch.where(deterministic, probs.argmax(-1), drawn)

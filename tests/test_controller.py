@@ -1,6 +1,11 @@
 """The draft-length cost model: drafts when verifying is cheap and acceptance high, stops when not."""
-from specdecode.speculative.controller import (AcceptanceEstimate, CostModel, choose_batch_draft_length,
-                                         choose_draft_length)
+from specdecode.speculative.controller import AcceptanceEstimate, CostModel, choose_batch_draft_length
+
+
+
+def choose_draft_length(alphas, draft_cost, verify_cost, k_max, k_min=0):
+    """One sequence: a batch of one."""
+    return choose_batch_draft_length([alphas], draft_cost, verify_cost, k_max, k_min)
 
 
 def test_choice_follows_costs_and_acceptance():
@@ -47,7 +52,7 @@ def test_positions_asked_but_not_drafted_count_as_misses():
     while not seq.finished:
         eng.step()
     assert asked and asked[0] > 0  # the optimistic prior asks at first
-    assert seq.spec_state["accept"].alphas(1)[0] < PRIOR_ALPHA
+    assert seq.acceptance.alphas(1)[0] < PRIOR_ALPHA
     assert len(asked) < 10  # ... then stops asking (k = 0 skips propose) within a few steps
 
 

@@ -12,7 +12,10 @@ from specdecode.runtime.kv_cache import KVCache
 from specdecode.runtime.model_runner import ModelRunner
 from specdecode.errors import ModelFileError
 from specdecode.loader.eagle_ckpt import load_head, save_head
-from specdecode.models.eagle import EagleConfig, attend, init_head
+from specdecode.models.eagle import EagleConfig, init_head
+from specdecode.runtime.attention import backend
+
+attend = backend().attend
 from tiny_models import CharTokenizer, hf_model, ours_from_hf
 
 F64 = torch.float64
@@ -401,12 +404,12 @@ def test_smollm2_bundled_head_greedy_identical():
 def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
     """The head reads the prompt's features captured by the target's own prefill: the proposer never
     runs the target again over the prompt, and its drafts are those of the full-prompt reference."""
-    import specdecode.speculative.eagle as eagle_mod
+    from specdecode.runtime.target import Target
 
     def no_recompute(*a, **kw):
         raise AssertionError("the proposer re-ran the target over the prompt")
 
-    monkeypatch.setattr(eagle_mod, "ModelRunner", no_recompute)
+    monkeypatch.setattr(Target, "hidden_states", no_recompute)
     m = target(bigram=True)
     eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
     out = eng.generate(PROMPTS[0], GREEDY)[0]

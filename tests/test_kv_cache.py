@@ -29,7 +29,7 @@ def test_prefill_equals_single_steps(runner):
     steps = []
     for i, t in enumerate(ids):
         lg, _, _ = runner.forward([b], [[t]])
-        runner.commit(b, i + 1)
+        runner.kv.set_length(b, i + 1)
         steps.append(lg[0, 0])
     torch.testing.assert_close(full[0], torch.stack(steps), rtol=0, atol=ATOL)
     runner.kv.free(a), runner.kv.free(b)
@@ -39,10 +39,10 @@ def test_truncate_and_refeed(runner):
     ids, other = _ids(20, 1), _ids(7, 2)
     s = runner.kv.allocate()
     runner.forward([s], [ids[:12]])
-    runner.commit(s, 12)
+    runner.kv.set_length(s, 12)
     runner.forward([s], [other])  # rejected tokens: written past the committed length...
-    runner.commit(s, 19)
-    runner.kv.truncate(s, 12)  # ...and rolled back in O(1)
+    runner.kv.set_length(s, 19)
+    runner.kv.set_length(s, 12)  # ...and rolled back in O(1)
     after, _, _ = runner.forward([s], [ids[12:]])
     fresh = runner.kv.allocate()
     ref, _, _ = runner.forward([fresh], [ids])
@@ -54,7 +54,7 @@ def test_batched_rows_match_single(runner):
     """Rows of different lengths and cache fills in one forward give each row's solo logits."""
     a, b = runner.kv.allocate(), runner.kv.allocate()
     runner.forward([a], [_ids(9, 3)])
-    runner.commit(a, 9)
+    runner.kv.set_length(a, 9)
     new_a, new_b = _ids(3, 4), _ids(6, 5)
     lg, _, _ = runner.forward([a, b], [new_a, new_b])
     solo_a, _, _ = runner.forward([a], [new_a])
@@ -72,7 +72,7 @@ def test_tree_verify_matches_chains_and_commit(runner):
     tree = DraftTree([11, 12, 13, 14, 15], [-1, -1, 0, 2, 1])
     s = runner.kv.allocate()
     runner.forward([s], [prefix[:-1]])
-    runner.commit(s, 9)
+    runner.kv.set_length(s, 9)
     L = 9
     toks = [[prefix[-1]] + tree.tokens]
     pos = [[L + d for d in [0] + tree.depths()]]
@@ -85,7 +85,7 @@ def test_tree_verify_matches_chains_and_commit(runner):
         runner.kv.free(c)
     # accept path 0 -> 2 -> 3: move entries L+1+[0, 2, 3] to L+1.., commit, compare with fresh prefill
     runner.kv.move(s, [L + 1 + p for p in (0, 2, 3)], L + 1)
-    runner.commit(s, L + 4)
+    runner.kv.set_length(s, L + 4)
     nxt, _, _ = runner.forward([s], [[99]])
     c = runner.kv.allocate()
     ref, _, _ = runner.forward([c], [prefix + [11, 13, 14, 99]])
@@ -110,8 +110,8 @@ def test_cache_after_many_spec_steps_equals_fresh_prefill(temperature):
         torch.testing.assert_close(cache[:, seq.slot, :, :L], cache[:, fresh, :, :L], rtol=0, atol=ATOL)
     # and the draft model's cache equals a fresh prefill of what it claims to hold
     prop = eng.proposer
-    dslot, dlen = seq.spec_state["draft_slot"], seq.spec_state["draft_len"]
-    assert seq.spec_state["skipped"] == 0  # it drafted every step: never idle, nothing skipped
+    dslot, dlen = seq.draft_state.slot, seq.draft_state.length
+    assert seq.draft_state.skipped == 0  # it drafted every step: never idle, nothing skipped
     dfresh = prop.kv.allocate()
     prop.runner.forward([dfresh], [seq.tokens[:dlen]])
     torch.testing.assert_close(prop.kv.k[:, dslot, :, :dlen], prop.kv.k[:, dfresh, :, :dlen], rtol=0, atol=ATOL)
@@ -133,11 +133,11 @@ def test_idle_draft_model_catches_up_on_the_last_tokens_only():
     for _ in range(10):
         eng.step()
     del eng._draft_lengths
-    st = seq.spec_state
-    held, n = st["draft_len"], len(seq.tokens)
+    st = seq.draft_state
+    held, n = st.length, len(seq.tokens)
     assert n - held > CATCH_UP
     tree = prop.propose([seq], [3])[0]
-    assert st["skipped"] == n - held - CATCH_UP
+    assert st.skipped == n - held - CATCH_UP
     # reference: a fresh slot fed what the draft held, then the last CATCH_UP tokens at their positions
     ref = prop.kv.allocate()
     prop.runner.forward([ref], [seq.tokens[:held]], logits=False)
@@ -151,10 +151,10 @@ def test_idle_draft_model_catches_up_on_the_last_tokens_only():
         expect.append(feed[0])
     assert tree.tokens == expect
     L = held + CATCH_UP
-    dslot = st["draft_slot"]
+    dslot = st.slot
     torch.testing.assert_close(prop.kv.k[:, dslot, :, :L], prop.kv.k[:, ref, :, :L], rtol=0, atol=ATOL)
     prop.kv.free(ref)
-    prop.commit(seq, 0)  # the probe above ran outside the engine: roll it back as a full rejection
+    prop.commit(seq, 0, None)  # the probe above ran outside the engine: roll it back as a full rejection
     while not seq.finished:
         eng.step()
     assert seq.output_ids == plain

@@ -21,9 +21,7 @@ def one_thread():
 
 
 def no_cache(spec_type="none", **kw):
-    llm = tiny_llm(spec_type, **kw)
-    llm.engine.prefix_cache = None
-    return llm
+    return tiny_llm(spec_type, enable_prefix_caching=False, **kw)
 
 
 def count_prefill(llm) -> list[int]:
@@ -84,10 +82,9 @@ def test_picks_the_best_matching_slot():
     assert seq.slot == slot_of[tuple(a)] and pc.hit_tokens == 60
 
 
-def test_aborted_prefill_is_reused(monkeypatch):
-    monkeypatch.setattr("specdecode.engine.engine.PREFILL_CHUNK", 64)
+def test_aborted_prefill_is_reused():
     prompt = SYSTEM + SYSTEM[:100]
-    llm = tiny_llm("none")
+    llm = tiny_llm("none", prefill_chunk=64)
     seq = llm.engine.add_request(prompt, GREEDY)
     llm.engine.step()  # one 64-token chunk
     llm.engine.abort(seq)
@@ -96,10 +93,9 @@ def test_aborted_prefill_is_reused(monkeypatch):
     assert out == no_cache().generate(prompt, GREEDY)[0].token_ids
 
 
-def test_calibration_slot_is_not_reused(monkeypatch):
+def test_calibration_slot_is_not_reused():
     """The cost calibration writes into a free slot: whatever that slot had cached must be forgotten."""
-    monkeypatch.setattr("specdecode.engine.engine.PREFILL_CHUNK", 64)
-    llm = tiny_llm("ngram", max_num_seqs=2)
+    llm = tiny_llm("ngram", max_num_seqs=2, prefill_chunk=64)
     eng = llm.engine
     a, c = SYSTEM + [1], SYSTEM[::-1] + [2]
     for p in (a, c):  # both slots get a cached prefix before the first decode step calibrates

@@ -208,7 +208,7 @@ def test_cuda_layers_multiply_by_their_quantized_weight(cls, kwargs):
 def test_cuda_shard_by_shard_loading_equals_one_load(cls):
     # q/k/v shards off the 64-row blocks wait in a stash and are packed when their block completes:
     # on CUDA that must still be the CUDA packing
-    from specdecode.layers.quant_device import device_kernel
+    from specdecode.layers.quant import device_kernel
 
     w = weight(368, 256).cuda()
     kwargs = {"group_size": 64} if cls is Int4Linear else {}
@@ -250,16 +250,17 @@ def test_int8_dequant_kernel_equals_the_torch_kernel_layout():
 
 
 def test_device_kernel_takes_pytorchs_kernel_only_where_it_agrees(monkeypatch):
-    import specdecode.layers.quant as quant
-    from specdecode.layers.quant_device import device_kernel
+    import specdecode.layers.quant.int4 as quant
+    from specdecode.layers.quant import device_kernel
+    from specdecode.layers.quant.base import check_device_kernel
 
-    device_kernel.cache_clear()
+    check_device_kernel.cache_clear()
     try:
         assert device_kernel("int4", "cpu") == "torch" and device_kernel("int8", "cpu") == "torch"
         real = quant.int4_mm
         # a packing the kernel reads wrongly (nibbles swapped) -> outputs off by O(1): rejected
         monkeypatch.setattr(quant, "int4_mm", lambda x, w, g, sz: real(x, (w << 4) | (w >> 4), g, sz))
-        device_kernel.cache_clear()
+        check_device_kernel.cache_clear()
         with pytest.warns(UserWarning, match="int4 kernel on cpu differs"):
             assert device_kernel("int4", "cpu") == "dequant"
 
@@ -267,8 +268,8 @@ def test_device_kernel_takes_pytorchs_kernel_only_where_it_agrees(monkeypatch):
             raise RuntimeError("Could not run '_weight_int4pack_mm' with arguments from the 'CUDA' backend")
 
         monkeypatch.setattr(quant, "int4_mm", missing)
-        device_kernel.cache_clear()
+        check_device_kernel.cache_clear()
         with pytest.warns(UserWarning, match="Could not run"):
             assert device_kernel("int4", "cpu") == "dequant"
     finally:
-        device_kernel.cache_clear()
+        check_device_kernel.cache_clear()

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
+from ..args import add_model_args, add_spec_args, engine_config, spec_config
 from .prompts import DEFAULT_PROMPTS, load_prompts
 
 
-def add_bench_parser(sub, add_model_args, add_spec_args) -> None:
+def add_bench_parser(sub) -> None:
     b = sub.add_parser("bench", help="speculative vs plain decoding on a prompt set (same process, same prompts)")
     add_model_args(b)
     add_spec_args(b)
@@ -27,7 +27,6 @@ def add_bench_parser(sub, add_model_args, add_spec_args) -> None:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from ..cli import engine_config, spec_config
     from ..sampling_params import SamplingParams
     from .report import format_table, plot, summarize, write_json
     from .run import parse_configs, run_bench

@@ -65,7 +65,7 @@ def run_bench(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]], pro
     ``parse_configs`` gives; ``on_prompt(records so far)`` is called after each prompt."""
     from tqdm import tqdm
 
-    from ..loader import load_checkpoint
+    from ..loader import load_checkpoint, weight_quant
     from ..store import resolve_model
 
     base = LLM(engine_config=replace(engine_cfg, spec=SpecConfig()))
@@ -80,7 +80,7 @@ def run_bench(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]], pro
             key = (spec.model_draft, spec.quant_draft)
             if key not in drafts:
                 drafts[key] = load_checkpoint(resolve_model(spec.model_draft), base.engine.dtype,
-                                              base.engine.device, base.engine.weight_quant(spec.quant_draft))
+                                              base.engine.device, weight_quant(spec.quant_draft, base.engine.device))
             draft = drafts[key]
         llms[label] = LLM(engine_config=replace(engine_cfg, spec=spec), _model=model, _tokenizer=tok, _draft=draft)
     encoded = [base.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]

@@ -17,11 +17,12 @@ import sys
 import time
 from dataclasses import replace
 
+from ..args import add_model_args, add_spec_args, engine_config, spec_config
 from ..errors import SpecDecodeError
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
 
 
-def add_bench_serve_parser(sub, add_model_args, add_spec_args) -> None:
+def add_bench_serve_parser(sub) -> None:
     b = sub.add_parser("bench-serve", help="throughput and latency of the server at concurrency 1, 2, 4, 8")
     add_model_args(b)
     add_spec_args(b)
@@ -39,7 +40,7 @@ def add_bench_serve_parser(sub, add_model_args, add_spec_args) -> None:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--max-num-seqs", type=int, default=None, help="in-process slots (default: the top concurrency)")
-    b.add_argument("--no-prefix-cache", action="store_true")
+    b.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false")
     b.add_argument("--json-out")
     b.add_argument("--plot")
     b.set_defaults(func=cmd_bench_serve)
@@ -189,8 +190,6 @@ def plot(path: str, results: dict) -> None:
 
 
 def cmd_bench_serve(a: argparse.Namespace) -> int:
-    from ..cli import engine_config, spec_config
-
     try:
         levels = [int(c) for c in a.concurrency.split(",") if c.strip()]
     except ValueError:
@@ -243,8 +242,6 @@ def _engine_factories(a, cfg, base_spec):
             llm = LLM(engine_config=replace(cfg, spec=spec), _model=shared.get("model"), _tokenizer=shared.get("tok"))
             shared.setdefault("model", llm.engine.model)
             shared.setdefault("tok", llm.engine.tokenizer)
-            if a.no_prefix_cache:
-                llm.engine.prefix_cache = None
             return llm.engine
         return build
 

@@ -11,31 +11,23 @@ from dataclasses import dataclass
 import torch
 
 from ..config import EngineConfig
-from ..errors import InvalidRequestError
-from ..sampling_params import SamplingParams
-from ..speculative import make_proposer
-from ..speculative.controller import AcceptanceEstimate, CostModel, Timer, choose_batch_draft_length
-from ..store import resolve_model
-from ..tokenizer.detok import StreamingDetokenizer
+from ..errors import InvalidRequestError, OutOfMemoryBudgetError
+from ..layers.quant import format_names
+from ..loader import load_checkpoint, weight_quant
+from ..runtime import attention
+from ..runtime.device import kv_dtype, resolve_device_dtype
 from ..runtime.kv_cache import KVCache
 from ..runtime.model_runner import ModelRunner
+from ..runtime.target import Target
+from ..runtime.timer import Timer
+from ..sampling_params import SamplingParams
+from ..speculative import make_proposer
+from ..speculative.controller import CostModel, choose_batch_draft_length
+from ..store import resolve_model
+from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache
 from .sequence import Sequence
 from .spec_step import speculative_step
-
-PREFILL_CHUNK = 512  # prompt tokens per forward: bounds a long prompt's stall of running decodes
-
-
-def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       ("cpu" if device == "auto" else device))
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    try:
-        return dev, {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-                     "float16": torch.float16}[dtype]
-    except KeyError:
-        raise InvalidRequestError(f"unknown dtype {dtype!r} (float32, bfloat16, float16, float64)") from None
 
 
 @dataclass
@@ -47,56 +39,49 @@ class StepOutput:
 class Engine:
     def __init__(self, cfg: EngineConfig, model=None, tokenizer=None, draft=None):
         """Loads ``cfg.model`` unless a (model, tokenizer) pair is given (tests build small ones);
-        ``draft`` likewise an optional (model, tokenizer) for --spec-type draft."""
-        from ..loader import load_checkpoint
-
+        ``draft``: a ready drafter for the proposer (a (model, tokenizer) for --spec-type draft, a
+        head for eagle / draft-mtp), else the proposer loads its own."""
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.device, self.dtype = resolve_device_dtype(cfg.device, cfg.dtype)
+        try:
+            backend = attention.backend(cfg.attention_backend)
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
+        for flag, quant in (("--quant", cfg.quant), ("--quant-draft", cfg.spec.quant_draft)):
+            if quant not in ("auto",) + format_names():
+                raise InvalidRequestError(f"unknown {flag} {quant!r} (choose from auto, {', '.join(format_names())})")
         if model is None:
-            model, tokenizer = load_checkpoint(resolve_model(cfg.model), self.dtype, self.device, self.weight_quant())
+            model, tokenizer = load_checkpoint(resolve_model(cfg.model), self.dtype, self.device,
+                                               weight_quant(cfg.quant, self.device))
         self.model, self.tokenizer = model, tokenizer
         mc = model.cfg
         self.max_model_len = min(cfg.max_model_len, mc.max_position_embeddings)
+        if mc.sliding_window is not None and self.max_model_len > mc.sliding_window:
+            # Every attention path attends the whole prefix; past its window such a model would
+            # silently attend too far, so the context is capped at the window instead.
+            self.max_model_len = mc.sliding_window
         margin = max(cfg.spec.draft_max, cfg.spec.num_draft_tokens) + 1  # verify writes past the committed length
         slot_len = self.max_model_len + margin
         if cfg.kv_cache_tokens is not None:
             slot_len = min(slot_len, cfg.kv_cache_tokens // cfg.max_num_seqs)
             if slot_len < 16 + margin:
-                from ..errors import OutOfMemoryBudgetError
                 raise OutOfMemoryBudgetError(f"--kv-cache-tokens {cfg.kv_cache_tokens} is too small for "
                                              f"{cfg.max_num_seqs} sequence(s)")
             self.max_model_len = slot_len - margin
         self.kv = KVCache(mc.num_layers, cfg.max_num_seqs, slot_len, mc.num_kv_heads, mc.head_dim,
-                          self.kv_dtype(model.quant), self.device)
-        self.runner = ModelRunner(model, self.kv)
-        self.prefix_cache: PrefixCache | None = PrefixCache(self.kv)  # None disables prefix caching
+                          kv_dtype(cfg.kv_cache_dtype, model.quant, self.device, self.dtype), self.device)
+        self.runner = ModelRunner(model, self.kv, backend)
+        self.prefix_cache = PrefixCache(self.kv) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
         self.costs = CostModel()
-        self.proposer = make_proposer(cfg.spec, self, draft)
+        self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
+                             cfg.kv_cache_dtype, backend)
+        self.proposer = make_proposer(cfg.spec, self.target, draft)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._calibrated = False
-
-    def kv_dtype(self, quant: str) -> torch.dtype:
-        """The KV cache's element type (EngineConfig.kv_cache_dtype) for a model whose linears are ``quant``."""
-        if self.cfg.kv_cache_dtype == "auto":
-            return torch.bfloat16 if quant != "none" and self.device.type == "cpu" else self.dtype
-        return resolve_device_dtype(self.cfg.device, self.cfg.kv_cache_dtype)[1]
-
-    def weight_quant(self, quant: str | None = None) -> str:
-        """``quant`` (default: the target's --quant) as run here. Off the CPU, auto keeps the file's
-        bit width only where PyTorch's int4 and int8 kernels pass their check on this device
-        (layers/quant_device.py); otherwise it means the float dtype (the dequant kernel saves
-        memory, not time)."""
-        from ..layers.quant_device import device_kernel
-
-        quant = self.cfg.quant if quant is None else quant
-        if quant == "auto" and self.device.type != "cpu" and \
-                "dequant" in (device_kernel("int4", str(self.device)), device_kernel("int8", str(self.device))):
-            return "none"
-        return quant
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -112,7 +97,6 @@ class Engine:
         seq = Sequence(list(prompt_ids), params, StreamingDetokenizer(self.tokenizer),
                        frozenset(self.tokenizer.eos_ids), generator=gen, max_len=self.max_model_len)
         seq.stats.type = self.cfg.spec.spec_type
-        seq.spec_state["accept"] = AcceptanceEstimate()
         self.waiting.append(seq)
         return seq
 
@@ -148,20 +132,20 @@ class Engine:
             self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)
             for seq, k, r in zip(ready, ks, results):
                 asked = max(k, r.drafted) if self.proposer.chain_drafts else r.drafted
-                seq.spec_state["accept"].observe(asked, r.accepted)
+                seq.acceptance.observe(asked, r.accepted)
                 outputs.append(StepOutput(seq, r.delta))
         self._retire()
         return outputs
 
     def _prefill_chunk(self, seq: Sequence) -> None:
-        """Feeds up to PREFILL_CHUNK prompt tokens (never the last one: it is the first root)."""
+        """Feeds up to cfg.prefill_chunk prompt tokens (never the last one: it is the first root)."""
         start = seq.num_prefilled
-        end = min(len(seq.prompt_ids) - 1, start + PREFILL_CHUNK)
+        end = min(len(seq.prompt_ids) - 1, start + self.cfg.prefill_chunk)
         _, hidden, captured = self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False,
                                                   capture_layers=self.proposer.capture_layers)
         self.kv.set_length(seq.slot, end)
         seq.num_prefilled = end
-        self.proposer.prefill(seq, start, end, hidden[0], {i: h[0] for i, h in captured.items()})
+        self.proposer.prefill(seq, start, end, (hidden[0], {i: h[0] for i, h in captured.items()}))
         if end == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()
 
@@ -176,7 +160,7 @@ class Engine:
         if spec.draft_fixed:
             return rooms
         batch = len(seqs)
-        alphas = [s.spec_state["accept"].alphas(self.proposer.depth(r)) for s, r in zip(seqs, rooms)]
+        alphas = [s.acceptance.alphas(self.proposer.depth(r)) for s, r in zip(seqs, rooms)]
         k = choose_batch_draft_length(alphas, self.proposer.draft_cost(batch),
                                       lambda t: self.costs.verify_cost(batch, t), max(rooms), spec.draft_min,
                                       depth=self.proposer.depth)
@@ -190,21 +174,14 @@ class Engine:
         self._calibrated = True
         if not self.kv.free_slots:
             return
-        slot = self.kv.allocate()
-        if self.prefix_cache is not None:
-            self.prefix_cache.invalidate(slot)  # overwritten below
-        try:
+        with self.kv.scratch_slot() as slot:
+            if self.prefix_cache is not None:
+                self.prefix_cache.invalidate(slot)  # overwritten below
             self.runner.forward([slot], [[0] * 32], logits=False)
             self.kv.set_length(slot, 32)
-            for t in range(1, self.cfg.spec.draft_max + 2):
-                best = float("inf")
-                for _ in range(2):
-                    t0 = self.timer.now()
-                    self.runner.forward([slot], [[0] * t], row_exact=True)  # as spec_step verifies
-                    best = min(best, self.timer.now() - t0)
-                self.costs.observe(1, t, best)
-        finally:
-            self.kv.free(slot)
+            for t in range(1, self.cfg.spec.draft_max + 2):  # row_exact: as spec_step verifies one sequence
+                self.costs.observe(1, t, self.timer.best_of(
+                    lambda: self.runner.forward([slot], [[0] * t], row_exact=True), reps=2))
 
     def _retire(self) -> None:
         for seq in [s for s in self.running if s.finished]:

@@ -12,6 +12,7 @@ import torch
 
 from ..sampling import StopChecker
 from ..sampling_params import SamplingParams
+from ..speculative.controller import AcceptanceEstimate
 from ..speculative.metrics import SpecStats
 from ..tokenizer.detok import StreamingDetokenizer
 
@@ -31,7 +32,8 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     text: str = ""  # visible completion text (stop strings cut off)
     stats: SpecStats = field(default_factory=SpecStats)
-    spec_state: dict = field(default_factory=dict)  # per-proposer / controller state
+    acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # the controller's record
+    draft_state: object = None  # the proposer's own per-request state (its type is the proposer's)
     num_prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
     max_len: int = 1 << 62  # context length: the sequence stops ("length") when it reaches it
     t_arrival: float = field(default_factory=time.perf_counter)
@@ -42,7 +44,6 @@ class Sequence:
     def __post_init__(self):
         self.stop = StopChecker(tuple(self.params.stop))
         self._pending_text = ""  # decoded text held back as a possible stop-string prefix
-        self.hidden = None  # proposer-specific target hidden states (EAGLE / MTP)
 
     @property
     def tokens(self) -> list[int]:

@@ -4,14 +4,15 @@ Plain decoding is the same step with empty drafts (one target forward over the r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from ..runtime.model_runner import ModelRunner
 from ..sampling import process_logits
 from ..speculative.proposer import Proposer
 from ..speculative.tree import DraftTree
-from ..speculative.verify import accept
-from ..runtime.model_runner import ModelRunner
+from ..speculative.verify import accept_batch, draw_uniforms
 from .sequence import Sequence
 
 
@@ -24,13 +25,12 @@ class SeqResult:
 
 @dataclass
 class StepTiming:
-    draft_s: float
     verify_s: float
     verify_tokens: int  # T of the verify forward (root + largest draft)
 
 
 def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequence], ks: list[int],
-                     now) -> tuple[list[SeqResult], StepTiming]:
+                     now: Callable[[], float]) -> tuple[list[SeqResult], StepTiming]:
     """Advances every sequence by 1 + (accepted drafts) tokens. ``ks[b]`` caps sequence b's draft."""
     kv = runner.kv
     # -- propose
@@ -42,13 +42,12 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
     starts = [kv.lengths[s.slot] for s in seqs]
     tokens = [[s.tokens[-1]] + t.tokens for s, t in zip(seqs, trees)]
     positions = [[L + d for d in [0] + t.depths()] for L, t in zip(starts, trees)]
+    T = max(len(x) for x in tokens)
     tree_mask = None
     if not all(t.is_chain for t in trees):
-        T = max(len(x) for x in tokens)
         tree_mask = torch.zeros(len(seqs), T, T, dtype=torch.bool)
         for b, t in enumerate(trees):
-            n = len(t) + 1
-            tree_mask[b, :n, :n] = t.attention_mask()
+            tree_mask[b, :len(t) + 1, :len(t) + 1] = t.attention_mask()
     # row_exact for a single sequence: its verified tokens get the bits its plain decoding gives. A
     # batch attends together (B x T calls per layer would cost too much; batched plain decoding is
     # not bit-identical to single-sequence decoding either).
@@ -56,28 +55,58 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
                                               capture_layers=proposer.capture_layers, row_exact=len(seqs) == 1)
     t2 = now()
 
+    # -- accept (pure): every tree in one call; paths reach the host in one transfer
+    path_of, token_of = accept_trees(trees, logits, seqs)
+
     results = []
     for b, (seq, tree) in enumerate(zip(seqs, trees)):
-        n = len(tree) + 1
-        # -- accept (pure): greedy compares argmaxes, so raw logits serve as well as probabilities
-        rows = logits[b, :n]
-        probs = rows if seq.params.greedy else process_logits(rows, seq.params)
-        res = accept(tree, probs, generator=seq.generator, greedy=seq.params.greedy)
-
+        path = path_of[b]
         # -- commit: keep root + accepted path in the cache, contiguous; drop the rest by not advancing
         L = starts[b]
-        kv.move(seq.slot, [L + 1 + p for p in res.path], L + 1)
-        kv.set_length(seq.slot, L + 1 + len(res.path))
-        kept_rows = [0] + [1 + p for p in res.path]  # rows of the verify forward now committed
+        kv.move(seq.slot, [L + 1 + p for p in path], L + 1)
+        kv.set_length(seq.slot, L + 1 + len(path))
+        kept = None
         if proposer.reads_hidden:
-            seq.hidden = (hidden[b, kept_rows], {i: h[b, kept_rows] for i, h in captured.items()})
-        new_tokens = [tree.tokens[p] for p in res.path] + [res.token]
+            rows = [0] + [1 + p for p in path]  # rows of the verify forward now committed
+            kept = (hidden[b, rows], {i: h[b, rows] for i, h in captured.items()})
         # A request's first step (the drafter catching up on the prompt, the first token) is part of
         # its time to first token; the draft / verify times are those of the decode phase.
         decoding = seq.t_first_token is not None
-        delta = seq.append(new_tokens)
-        proposer.commit(seq, len(res.path))
+        delta = seq.append([tree.tokens[p] for p in path] + [token_of[b]])
+        proposer.commit(seq, len(path), kept)
         depth = max(tree.depths(), default=0)
-        seq.stats.record(depth, len(res.path), (t1 - t0) * decoding, (t2 - t1) * decoding)
-        results.append(SeqResult(delta, depth, len(res.path)))
-    return results, StepTiming(t1 - t0, t2 - t1, max(len(x) for x in tokens))
+        seq.stats.record(depth, len(path), (t1 - t0) * decoding, (t2 - t1) * decoding)
+        results.append(SeqResult(delta, depth, len(path)))
+    return results, StepTiming(t2 - t1, T)
+
+
+def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[list[int]], list[int]]:
+    """The acceptance rule for the whole batch: logits [B, T, V] of the verify forward (row 0 = after
+    the root, row i + 1 = after node i). Returns each sequence's accepted path (node indices,
+    root-to-leaf) and its next token. Greedy requests compare argmaxes of the raw logits; a batch
+    with sampled requests processes every row with its request's settings (a greedy row becomes
+    one-hot, on which the sampling rule decides exactly as the greedy one). Each sampled request
+    draws its random numbers from its own generator, as a batch of one would."""
+    B, n = len(trees), max(len(t) for t in trees)
+    tok = torch.zeros(B, n, dtype=torch.long)
+    par = torch.full((B, n), -2, dtype=torch.long)  # < -1: padding, never tried
+    for b, t in enumerate(trees):
+        tok[b, :len(t)] = torch.tensor(t.tokens, dtype=torch.long)
+        par[b, :len(t)] = torch.tensor(t.parents, dtype=torch.long)
+    rows = logits[:, :n + 1]  # [B, n + 1, V]
+    greedy = all(s.params.greedy for s in seqs)
+    draft = None
+    if greedy:
+        probs = rows
+    else:
+        V = rows.shape[-1]
+        probs = process_logits(rows.reshape(-1, V), [s.params for s in seqs for _ in range(n + 1)]).view(B, n + 1, V)
+        if any(t.draft_probs is not None for t in trees):  # zero rows: deterministic nodes (accept_batch)
+            draft = probs.new_zeros(B, n, V)
+            for b, t in enumerate(trees):
+                if t.draft_probs is not None:
+                    draft[b, :len(t)] = t.draft_probs.to(draft)
+    uniforms = None if greedy else draw_uniforms([s.generator for s in seqs], [len(t) for t in trees])
+    _, token, accepted = accept_batch(tok.to(rows.device), par, probs, draft, greedy=greedy, uniforms=uniforms)
+    accepted, token = accepted.cpu(), token.tolist()
+    return [accepted[b, :len(t)].nonzero().flatten().tolist() for b, t in enumerate(trees)], token

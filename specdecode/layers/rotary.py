@@ -6,13 +6,25 @@ the GGUF loader undoes that permutation, so every model here uses this one layou
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:  # annotation only: importing models/ here would be circular
-    from ..models.config import RopeScaling
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE scaling as Hugging Face configs spell it. ``kind`` is one of
+    none | linear | dynamic | llama3 | yarn; unused fields keep their defaults."""
+
+    kind: str = "none"
+    factor: float = 1.0
+    original_max_position_embeddings: int = 0
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn; None = derived from factor
 
 
 def _yarn_inv_freq(base: float, dim: int, s: RopeScaling) -> tuple[torch.Tensor, float]:

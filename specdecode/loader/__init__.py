@@ -34,6 +34,19 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.de
     return model, tok
 
 
+def weight_quant(quant: str, device: torch.device) -> str:
+    """``quant`` (EngineConfig.quant, SpecConfig.quant_draft) as it runs on ``device``. Off the CPU,
+    auto keeps the file's bit width only where PyTorch's int4 and int8 kernels pass their check on
+    this device (layers/quant); otherwise it means the float dtype (the dequant kernel saves memory,
+    not time)."""
+    from ..layers.quant import device_kernel
+
+    if quant == "auto" and device.type != "cpu" and \
+            "dequant" in (device_kernel("int4", str(device)), device_kernel("int8", str(device))):
+        return "none"
+    return quant
+
+
 def release_free_heap() -> None:
     """Hands freed heap pages back to the OS (glibc only). Loading frees many 1-16 MB temporaries
     (dequantized row ranges) that glibc keeps for reuse once its mmap threshold has risen; they are

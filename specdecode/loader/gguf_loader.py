@@ -20,13 +20,12 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
 from ..errors import ModelFileError, UnsupportedModelError
 from ..layers.rotary import rope_inv_freq
-from ..models import build_model
+from ..layers.quant import nearest_format
+from ..models import ARCHITECTURES, build_model, find_architecture
 from ..models.config import ModelConfig, RopeScaling
 
 SUPPORTED_TYPES = frozenset(QType[n] for n in (
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"))
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # GGUF names; llama.cpp usually stores Mistral as "llama"
-_PERMUTED_ARCHS = ("llama", "mistral")  # converted by llama.cpp's LlamaModel, which permutes q/k rows
 _NUMERIC = {k: np.dtype(v) for k, v in {0: "u1", 1: "i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4",
                                          7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}.items()}
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
@@ -176,7 +175,7 @@ def hf_name(gguf_name: str) -> str | None:
 
 def permuted_heads(cfg: ModelConfig, gguf_name: str) -> int | None:
     """The head count llama.cpp's converter permuted this tensor's rows with (q: heads, k: kv heads)."""
-    if cfg.arch not in _PERMUTED_ARCHS or not gguf_name.startswith("blk."):
+    if not ARCHITECTURES[cfg.arch].gguf_permuted_qk or not gguf_name.startswith("blk."):
         return None
     return {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads}.get(gguf_name.split(".")[-2])
 
@@ -234,8 +233,11 @@ def _rope_scaling(f: GGUFFile, arch: str, theta: float, head_dim: int) -> RopeSc
 def read_gguf_config(source: Source) -> ModelConfig:
     f = _open(source)
     m = f.metadata
-    if (arch := m.get("general.architecture")) not in ARCHS:
-        raise UnsupportedModelError(f"{f.path}: unsupported architecture {arch!r} (supported: {', '.join(ARCHS)})")
+    arch = m.get("general.architecture")  # the metadata keys' prefix
+    try:
+        family = find_architecture(arch, "gguf").name
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{f.path}: {e}") from None
 
     def get(key: str, default=None):
         if (v := m.get(f"{arch}.{key}", default)) is None:
@@ -249,7 +251,7 @@ def read_gguf_config(source: Source) -> ModelConfig:
     vocab = get("vocab_size", 0) or len(m.get("tokenizer.ggml.tokens", ())) or \
         max((i.shape[0] for n, i in f.tensors.items() if n == "token_embd.weight"), default=0)
     return ModelConfig(
-        arch=arch, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
+        arch=family, vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
         num_layers=int(get("block_count")) - nextn,  # llama.cpp counts MTP (nextn) blocks in block_count
         num_heads=heads, num_kv_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
         rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)), rope_theta=theta,
@@ -322,9 +324,9 @@ _QUANT_CHUNK = 1 << 22  # float elements dequantized at a time for a quantized l
 
 
 def auto_quant(source: Source) -> str:
-    """The runtime format whose bits per weight are closest to the file's decoder average: int4 (4 bits +
-    a bf16 scale and zero per 32 = 5.0) up to 6.5 bits (Q4_K_M, Q4_0/1, Q5_0/1, Q5_K), int8 (~8.0) up to
-    12, else none (the float dtype)."""
+    """The runtime format whose bits per weight are nearest the file's decoder average (layers/quant:
+    int4 = 5.0 takes up to 6.5-bit files such as Q4_K_M, Q4_0/1, Q5_0/1, Q5_K; int8 up to 12; above
+    that none, the float dtype)."""
     f = _open(source)
     total = bits = 0
     for info in f.tensors.values():
@@ -332,8 +334,7 @@ def auto_quant(source: Source) -> str:
             n = info.shape[0] * info.shape[1]
             total += n
             bits += n * _BITS.get(info.qtype.name, 16)
-    avg = bits / total if total else 16
-    return "int4" if avg <= 6.5 else "int8" if avg <= 12 else "none"
+    return nearest_format(bits / total if total else 16)
 
 
 def file_embedding(f: GGUFFile, dtype: torch.dtype):

@@ -7,10 +7,9 @@ from typing import Iterator
 
 import torch
 
-from ..errors import ModelFileError, UnsupportedModelError
+from ..errors import ModelFileError
+from ..models import find_architecture
 from ..models.config import ModelConfig, RopeScaling
-
-_ARCH_BY_MODEL_TYPE = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3"}
 
 
 def rope_scaling_from_dict(d: dict | None) -> RopeScaling:
@@ -24,11 +23,8 @@ def rope_scaling_from_dict(d: dict | None) -> RopeScaling:
 
 
 def config_from_hf(cfg: dict) -> ModelConfig:
-    model_type = cfg.get("model_type", "")
-    arch = _ARCH_BY_MODEL_TYPE.get(model_type)
-    if arch is None:
-        raise UnsupportedModelError(f"unsupported model_type {model_type!r} in config.json "
-                                    f"(supported: {', '.join(_ARCH_BY_MODEL_TYPE)})")
+    family = find_architecture(cfg.get("model_type", ""), "hf")
+    arch, defaults = family.name, dict(family.hf_defaults)
     heads = cfg["num_attention_heads"]
     rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     theta = cfg.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0
@@ -46,9 +42,10 @@ def config_from_hf(cfg: dict) -> ModelConfig:
         rope_scaling=rope_scaling_from_dict(rope),
         max_position_embeddings=cfg.get("max_position_embeddings", 4096),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        attention_bias=bool(cfg.get("attention_bias", arch == "qwen2")),
-        qk_norm=arch == "qwen3",
-        sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", arch == "mistral") else None,
+        attention_bias=bool(cfg.get("attention_bias", defaults.get("attention_bias", False))),
+        qk_norm=bool(defaults.get("qk_norm", False)),
+        sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", defaults.get("use_sliding_window"))
+        else None,
         num_nextn_layers=int(cfg.get("num_nextn_predict_layers", 0) or 0),
     )
 

@@ -1,50 +1,70 @@
-"""Model architectures. ``build_model`` allocates without initialising; the loader fills the weights."""
+"""Model architectures, one module per family, found by scanning this package: to add one, write
+``models/<family>.py`` with its nn.Module and a module-level ``ARCHITECTURES`` tuple of
+``Architecture`` (config.py: the contract); the loaders then map GGUF and config.json names to it.
+``build_model`` allocates a model without initialising it; the loader fills the weights."""
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .config import SUPPORTED_ARCHS, ModelConfig
-from .llama import LlamaModel
+from ..layers.quant import FORMATS, format_names
+from .config import Architecture, ModelConfig
 
-QUANT_KINDS = ("none", "int8", "int4")
-INT4_GROUP = 32  # GGUF Q4_K sub-block size: 4x finer scales than 128, for ~5-12% more time per GEMV (measured)
+
+def _discover() -> dict[str, Architecture]:
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        for arch in getattr(importlib.import_module(f"{__name__}.{info.name}"), "ARCHITECTURES", ()):
+            found[arch.name] = arch
+    return found
+
+
+ARCHITECTURES: dict[str, Architecture] = _discover()
+
+
+def find_architecture(name: str, source: str = "gguf") -> Architecture:
+    """The architecture a GGUF file (source="gguf": general.architecture) or a config.json
+    (source="hf": model_type) names; a clear error if none is registered."""
+    for arch in ARCHITECTURES.values():
+        if name in (arch.gguf_names if source == "gguf" else arch.hf_model_types):
+            return arch
+    known = sorted({n for a in ARCHITECTURES.values() for n in (a.gguf_names if source == "gguf" else a.hf_model_types)})
+    what = "architecture" if source == "gguf" else "model_type"
+    raise UnsupportedModelError(f"unsupported {what} {name!r} (supported: {', '.join(known)})")
 
 
 def _layer_kernel(quant: str, device: torch.device) -> str:
     """The native kernels are CPU code; elsewhere PyTorch's, where they pass their check on this device."""
     if device.type == "cpu":
         return "auto"
-    from ..layers.quant_device import device_kernel
-
-    return device_kernel(quant, str(device))
+    return FORMATS[quant].layer.device_kernel(str(device))
 
 
 def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module:
-    from ..layers.quant import Int4Linear, Int8Linear
-
-    bias = linear.bias is not None
-    kernel = _layer_kernel(quant, device)
-    if quant == "int4" and linear.in_features % INT4_GROUP == 0 and linear.out_features % 16 == 0:
-        return Int4Linear(linear.in_features, linear.out_features, bias, group_size=INT4_GROUP, kernel=kernel)
-    if linear.in_features % 16 == 0:
-        return Int8Linear(linear.in_features, linear.out_features, bias, kernel=kernel)
-    return linear  # a shape no kernel takes stays in the float dtype
+    """``linear`` in format ``quant``, else in its fallback format; a shape no format takes stays float."""
+    while quant is not None:
+        layer = FORMATS[quant].make(linear, _layer_kernel(quant, device))
+        if layer is not None:
+            return layer
+        quant = FORMATS[quant].fallback
+    return linear
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                quant: str = "none", head_quant: str = "int8", embedding: nn.Module | None = None) -> LlamaModel:
+                quant: str = "none", head_quant: str = "int8", embedding: nn.Module | None = None) -> nn.Module:
     """quant: weight format of the decoder's linear layers (none = dtype); the LM head gets
     ``head_quant`` and the embedding table int8 rows whenever quant != none, unless ``embedding``
     (a ready module, e.g. the GGUF loader's FileEmbedding) is given: then that one is used."""
-    if cfg.arch not in SUPPORTED_ARCHS:
-        raise UnsupportedModelError(
-            f"unsupported architecture {cfg.arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
-    if quant not in QUANT_KINDS:
-        raise UnsupportedModelError(f"unknown quantization {quant!r} (choose from {', '.join(QUANT_KINDS)})")
+    if cfg.arch not in ARCHITECTURES:
+        raise UnsupportedModelError(f"unsupported architecture {cfg.arch!r} (supported: {', '.join(ARCHITECTURES)})")
+    if quant not in format_names():
+        raise UnsupportedModelError(f"unknown quantization {quant!r} (choose from {', '.join(format_names())})")
     with torch.device("meta"):
-        model = LlamaModel(cfg, separate_head=quant != "none")
+        model = ARCHITECTURES[cfg.arch].model(cfg, separate_head=quant != "none")
         model = model.to(dtype=dtype)
         if quant != "none":
             from ..layers.embedding import Int8Embedding

@@ -3,22 +3,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+from ..layers.rotary import RopeScaling  # noqa: F401  (re-exported: part of a model's config)
 
 
 @dataclass(frozen=True)
-class RopeScaling:
-    """RoPE scaling as Hugging Face configs spell it. ``kind`` is one of
-    none | linear | dynamic | llama3 | yarn; unused fields keep their defaults."""
+class Architecture:
+    """A decoder family the engine can build (registered by its module in models/, see __init__.py).
 
-    kind: str = "none"
-    factor: float = 1.0
-    original_max_position_embeddings: int = 0
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0  # llama3
-    beta_fast: float = 32.0  # yarn
-    beta_slow: float = 1.0  # yarn
-    attention_factor: float | None = None  # yarn; None = derived from factor
+    model: the nn.Module class, ``model(cfg, separate_head=...)``, with ``forward(ids [B, T],
+    positions [B, T]) -> hidden [B, T, H]`` under a runtime Context, ``compute_logits(hidden)``,
+    ``load_weights(items)`` taking Hugging Face tensor names, ``embed_tokens`` and ``lm_head``.
+    gguf_names / hf_model_types: the names a GGUF file (general.architecture) or a config.json
+    (model_type) gives it. gguf_permuted_qk: llama.cpp's converter permuted its q/k rows for
+    interleaved RoPE (the GGUF loader undoes it). hf_defaults: ModelConfig fields a config.json of
+    this family may leave out, with their values."""
+
+    name: str
+    model: type
+    gguf_names: tuple[str, ...] = ()
+    hf_model_types: tuple[str, ...] = ()
+    gguf_permuted_qk: bool = False
+    hf_defaults: tuple[tuple[str, object], ...] = ()
 
 
 @dataclass(frozen=True)

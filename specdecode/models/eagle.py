@@ -22,6 +22,7 @@ from torch import nn
 
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
+from ..runtime.attention import attention, backend
 from .config import RopeScaling
 
 
@@ -87,18 +88,6 @@ class _MidLayer(nn.Module):
         self.self_attn = _Attn(cfg, 2 * H if eagle3 else H)
         self.post_attention_layernorm = RMSNorm(H, cfg.rms_norm_eps)
         self.mlp = _MLP(cfg)
-
-
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Grouped-query attention. q [B, H, T, D]; k, v [B, Hkv, L, D]; mask [B, 1, T, L] bool (True =
-    attend) or None. Each group's query heads are folded into the query axis (no key copies)."""
-    B, H, T, D = q.shape
-    hkv, L = k.shape[1], k.shape[2]
-    G = H // hkv
-    if mask is not None and G > 1:
-        mask = mask.unsqueeze(2).expand(B, 1, G, T, L).reshape(B, 1, G * T, L)
-    o = F.scaled_dot_product_attention(q.reshape(B, hkv, G * T, D), k, v, attn_mask=mask)
-    return o.view(B, H, T, D)
 
 
 class EagleHead(nn.Module):
@@ -199,15 +188,13 @@ class EagleHead(nn.Module):
         return draft_ids + self.d2t[draft_ids] if self.cfg.kind == "eagle3" else draft_ids
 
     # -- forwards --------------------------------------------------------------------------------
-    def step(self, embeds, hidden, positions, kv, slots: list[int], starts: list[int], num_new: list[int],
-             mask: torch.Tensor) -> torch.Tensor:
-        """One incremental forward over a KVCache (engine/kv_cache.py, one layer): row b writes its
-        num_new[b] entries at cache index starts[b] (nothing is committed) and its queries see the keys
-        ``mask`` [B, 1, T, L] allows, L = max(starts + num_new). Returns the pre-norm output [B, T, H]."""
+    def step(self, embeds, hidden, positions) -> torch.Tensor:
+        """One incremental forward over the forward context's cache (runtime/context.py; the head's
+        cache has one layer): row b writes its num_new[b] entries at cache index starts[b] (nothing
+        is committed) and its queries see the keys the context's mask allows. embeds, hidden
+        [B, T, H], positions [B, T] -> the pre-norm output [B, T, H]."""
         q, k, v, residual = self.qkv(embeds, hidden, positions)
-        L = max(s + n for s, n in zip(starts, num_new))
-        keys, values = kv.update(0, k, v, slots, starts, num_new, L)
-        return self.finish(attend(q, keys, values, mask), residual)
+        return self.finish(attention(0, q, k, v), residual)
 
     def forward_reference(self, feats: torch.Tensor, next_ids: torch.Tensor, steps: int = 1) -> list[torch.Tensor]:
         """Straightforward full-sequence drafting, for tests: feats [T, F] of positions 0..T-1, next_ids
@@ -218,7 +205,7 @@ class EagleHead(nn.Module):
         T = feats.shape[0]
         pos = torch.arange(T)
         q, k, v, res = self.qkv(self.embed(next_ids)[None], self.project(feats)[None], pos[None])
-        x = self.finish(attend(q, k, v, torch.ones(T, T, dtype=torch.bool).tril()[None, None]), res)
+        x = self.finish(backend().attend(q, k, v, causal=True), res)
         keys, values, out = [k], [v], [self.logits(x)[0]]
         for s in range(1, steps):
             ids = self.to_target(out[-1].argmax(-1))
@@ -229,7 +216,7 @@ class EagleHead(nn.Module):
             for t in range(T):  # origin t sees keys 0..t of step 1 and its own entries of steps 2..s+1
                 kt = torch.cat([keys[0][:, :, :t + 1]] + [kk[:, :, t:t + 1] for kk in keys[1:]], dim=2)
                 vt = torch.cat([values[0][:, :, :t + 1]] + [vv[:, :, t:t + 1] for vv in values[1:]], dim=2)
-                o[:, :, t:t + 1] = attend(q[:, :, t:t + 1], kt, vt, None)
+                o[:, :, t:t + 1] = backend().attend(q[:, :, t:t + 1], kt, vt)
             x = self.finish(o, res)
             out.append(self.logits(x)[0])
         return out

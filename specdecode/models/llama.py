@@ -1,7 +1,7 @@
 """Decoder for the Llama family: Llama / SmolLM2, Mistral, Qwen2 / Qwen2.5 (q/k/v bias), Qwen3 (q/k norm).
 
 ``forward(input_ids [B, T], positions [B, T]) -> hidden [B, T, hidden]``; per-forward metadata (KV
-slots, tree mask, layers to capture) comes from engine.context. Logits are a separate call so that a
+slots, tree mask, layers to capture) comes from runtime.context. Logits are a separate call so that a
 prefill computes the LM head for its last token only."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ..layers.linear import make_linear
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
-from .config import ModelConfig
+from .config import Architecture, ModelConfig
 
 
 class DecoderLayer(nn.Module):
@@ -140,3 +140,13 @@ class LlamaModel(nn.Module):
             else:
                 return  # e.g. rotary inv_freq, or MTP modules loaded elsewhere
         rows_seen[target] = rows_seen.get(target, 0) + (tensor.shape[0] if tensor.dim() else 1)
+
+
+# llama.cpp stores Mistral as "llama" (both converted by its LlamaModel, which permutes q/k rows).
+ARCHITECTURES = (
+    Architecture("llama", LlamaModel, ("llama",), ("llama",), gguf_permuted_qk=True),
+    Architecture("mistral", LlamaModel, ("mistral",), ("mistral",), gguf_permuted_qk=True,
+                 hf_defaults=(("use_sliding_window", True),)),
+    Architecture("qwen2", LlamaModel, ("qwen2",), ("qwen2",), hf_defaults=(("attention_bias", True),)),
+    Architecture("qwen3", LlamaModel, ("qwen3",), ("qwen3",), hf_defaults=(("qk_norm", True),)),
+)

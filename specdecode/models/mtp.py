@@ -25,6 +25,7 @@ from torch import nn
 from ..layers.linear import make_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
+from ..runtime.attention import backend
 from .config import ModelConfig
 from .llama import DecoderLayer, LlamaModel
 
@@ -77,7 +78,7 @@ class MTPHead(nn.Module):
 
     def forward(self, m: int, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 target: LlamaModel) -> torch.Tensor:
-        """Inference path over the MTP KV cache of engine.context: ids [B, T] (t_{i+1}), hidden [B, T, H]
+        """Inference path over the MTP KV cache of the forward context (runtime/context.py): ids [B, T] (t_{i+1}), hidden [B, T, H]
         (h_i), positions [B, T] (i) -> block output g [B, T, H]."""
         x = self._input(m, ids, hidden, target)
         cos, sin = self.rotary(positions, x.dtype)
@@ -102,9 +103,7 @@ class MTPHead(nn.Module):
         k = apply_rotary(k.transpose(1, 2), cos, sin)  # [B, Hkv, T, D]
         v = v.view(B, T, a.hkv, a.d).transpose(1, 2)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
-        g = a.h // a.hkv
-        o = F.scaled_dot_product_attention(q, keys.repeat_interleave(g, 1), values.repeat_interleave(g, 1),
-                                           attn_mask=mask, is_causal=mask is None)
+        o = backend().attend(q, keys, values, None if mask is None else mask[None, None], causal=mask is None)
         x = x + a.o_proj(o.transpose(1, 2).reshape(B, T, a.h * a.d))
         return x + layer.mlp(layer.post_attention_layernorm(x)), k, v
 

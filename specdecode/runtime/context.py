@@ -1,11 +1,12 @@
-"""Per-forward metadata, set by the engine and read by the attention layers, so that models keep
-the plain signature ``forward(input_ids, positions)``.
+"""Per-forward metadata, set by the runner (or a drafter) and read by the attention backend, so that
+models keep the plain signature ``forward(input_ids, positions)``.
 
 A forward processes a batch of B sequences, each with its own number of new tokens (padded to T).
 Row b owns KV-cache slot ``slots[b]``; it already holds ``starts[b]`` tokens, and its new tokens are
 written at cache indices ``starts[b] .. starts[b] + num_new[b] - 1`` whatever their RoPE positions
 (tree nodes share positions). Queries see the whole committed prefix plus the new tokens allowed by
-``tree_mask`` (default: causal among the new tokens)."""
+``tree_mask`` (default: causal among the new tokens). A drafter whose queries also see uncommitted
+entries written by its earlier forwards (EAGLE's tree levels) passes the whole mask as ``attn_mask``."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -13,12 +14,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from typing import Any
+
 from .kv_cache import KVCache
 
 
 @dataclass
 class Context:
-    kv: KVCache
+    kv: KVCache  # or any object with KVCache.update's signature (a read-only view, see runtime/target.py)
     slots: list[int]
     starts: list[int]
     num_new: list[int]
@@ -32,11 +35,13 @@ class Context:
     # token gives the bits decoding it gives, and greedy speculative output equals plain greedy
     # output on real models too, not only in exact arithmetic.
     row_exact: bool = False
-    # Derived once per forward by build_attention_mask; None = no mask needed.
+    # [B, 1, T, L] bool (True = attend): derived once per forward by build_attention_mask unless the
+    # caller gives it; None = no mask needed.
     attn_mask: torch.Tensor | None = None
     is_causal: bool = False
     # Derived on first use by row_keys(): per (row, new token) the keys it sees.
     _row_keys: list | None = None
+    backend: Any = None  # the AttentionBackend (runtime/attention); None = the default one
 
     def row_keys(self) -> list[list[tuple[int, torch.Tensor | None]]]:
         """[b][j] -> (n, idx): query j of row b sees keys [0, n) when idx is None, else keys idx (a
@@ -63,6 +68,8 @@ class Context:
 
 def build_attention_mask(ctx: Context, device: torch.device) -> None:
     """Fills ctx.attn_mask [B, 1, T, L] (bool, True = attend) or the cheaper is_causal / no-mask cases."""
+    if ctx.attn_mask is not None:
+        return  # given by the caller
     B, T, L = len(ctx.slots), max(ctx.num_new), ctx.total_len
     if B == 1 and ctx.tree_mask is None:
         if T == 1:
@@ -89,7 +96,7 @@ _CTX: Context | None = None
 
 
 def get_context() -> Context:
-    assert _CTX is not None, "model forward called outside engine.context.use_context"
+    assert _CTX is not None, "model forward called outside runtime.context.use_context"
     return _CTX
 
 

@@ -2,9 +2,16 @@
 
 Layout: k, v [num_layers, num_slots, num_kv_heads, max_len, head_dim]. A slot holds one sequence;
 ``lengths[slot]`` tokens of it are committed. Rolling back rejected draft tokens is
-``truncate(slot, n)``: O(1), the stale entries are simply overwritten by the next forward
-(gpt-fast's "rollback is don't advance")."""
+``set_length(slot, n)``: O(1), the stale entries are simply overwritten by the next forward
+(gpt-fast's "rollback is don't advance").
+
+Memory is touched lazily: the tensors are allocated uninitialised (the OS maps pages on first
+write), and a slot's entries are zeroed up to the furthest index a forward reads, the first time it
+reads that far. Keys a query may not see still enter the attention kernel (masked), so they must be
+finite; zeros are. An idle slot therefore costs address space, not resident memory."""
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -15,10 +22,11 @@ class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (num_layers, num_slots, num_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
         self.max_len = max_len
         self.lengths = [0] * num_slots
+        self._clean = [0] * num_slots  # entries [0, _clean[slot]) of every layer are finite (zeroed or written)
         self._free = list(range(num_slots - 1, -1, -1))
 
     @staticmethod
@@ -63,9 +71,14 @@ class KVCache:
     def free_slot_ids(self) -> list[int]:
         return list(self._free)
 
-    def truncate(self, slot: int, length: int) -> None:
-        assert 0 <= length <= self.lengths[slot], (length, self.lengths[slot])
-        self.lengths[slot] = length
+    @contextmanager
+    def scratch_slot(self):
+        """A free slot for a measurement, freed afterwards (its entries are garbage to everyone else)."""
+        slot = self.allocate()
+        try:
+            yield slot
+        finally:
+            self.free(slot)
 
     def check_fits(self, slot: int, extra: int) -> None:
         if self.lengths[slot] + extra > self.max_len:
@@ -76,8 +89,13 @@ class KVCache:
                num_new: list[int], total_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Writes new k, v [B, Hkv, T, D] at each row's start and returns the keys/values to attend,
         [B, Hkv, total_len, D] (a view when B == 1). Does not change ``lengths``: the engine
-        commits by calling ``set_length`` / ``truncate`` after acceptance."""
+        commits by calling ``set_length`` after acceptance."""
         ck, cv = self.k[layer], self.v[layer]
+        for slot in slots:
+            if self._clean[slot] < total_len:
+                self.k[:, slot, :, self._clean[slot]:total_len] = 0
+                self.v[:, slot, :, self._clean[slot]:total_len] = 0
+                self._clean[slot] = total_len
         for b, (slot, s, n) in enumerate(zip(slots, starts, num_new)):
             ck[slot, :, s:s + n] = k[b, :, :n]
             cv[slot, :, s:s + n] = v[b, :, :n]

@@ -12,8 +12,9 @@ from .kv_cache import KVCache
 
 
 class ModelRunner:
-    def __init__(self, model, kv: KVCache):
-        self.model, self.kv = model, kv
+    def __init__(self, model, kv: KVCache, attention=None):
+        """attention: the AttentionBackend (runtime/attention) its forwards run on; None = the default."""
+        self.model, self.kv, self.attention = model, kv, attention
 
     @property
     def device(self) -> torch.device:
@@ -30,7 +31,7 @@ class ModelRunner:
         Returns (logits, hidden, captured): logits [B, T, V] float32 ([B, V] with last_only, the last
         *real* token of each row; None with logits=False), hidden [B, T, H] final normed hidden states,
         captured {layer: [B, T, H]}.
-        row_exact: attend query by query (engine/context.py), for verify forwards.
+        row_exact: attend query by query (runtime/context.py), for verify forwards.
         Does not commit: the new tokens sit in the cache beyond ``kv.lengths[slot]``."""
         B = len(slots)
         num_new = [len(t) for t in tokens]
@@ -45,7 +46,8 @@ class ModelRunner:
             p = positions[b] if positions is not None else range(starts[b], starts[b] + num_new[b])
             pos[b, :num_new[b]] = torch.as_tensor(list(p), dtype=torch.long)
         ids, pos = ids.to(self.device), pos.to(self.device)
-        ctx = Context(self.kv, list(slots), starts, num_new, tree_mask, tuple(capture_layers), row_exact=row_exact)
+        ctx = Context(self.kv, list(slots), starts, num_new, tree_mask, tuple(capture_layers), row_exact=row_exact,
+                      backend=self.attention)
         with use_context(ctx, self.device):
             hidden = self.model(ids, pos)
         if not logits:
@@ -54,6 +56,3 @@ class ModelRunner:
             last = torch.tensor([n - 1 for n in num_new], device=self.device)
             return self.model.compute_logits(hidden[torch.arange(B, device=self.device), last]), hidden, ctx.captured
         return self.model.compute_logits(hidden), hidden, ctx.captured
-
-    def commit(self, slot: int, length: int) -> None:
-        self.kv.set_length(slot, length)

@@ -6,12 +6,15 @@ import logging
 import os
 from pathlib import Path
 
+from ..args import add_engine_args, add_model_args, add_spec_args, engine_config
+
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def add_serve_parser(sub, add_model_args, add_spec_args) -> None:
+def add_serve_parser(sub) -> None:
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (continuous batching, speculative decoding)")
     add_model_args(s)
+    add_engine_args(s)
     add_spec_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
     s.add_argument("--port", type=int, default=8000)
@@ -21,11 +24,6 @@ def add_serve_parser(sub, add_model_args, add_spec_args) -> None:
     s.add_argument("--served-model-name", action="append",
                    help="model name clients send (repeatable: the first is listed, all are accepted; "
                         "default: the --model name, without directory or .gguf)")
-    s.add_argument("--max-num-seqs", "--parallel", "-np", dest="max_num_seqs", type=int, default=4,
-                   help="concurrent sequences (KV-cache slots); more requests wait in a queue")
-    s.add_argument("--kv-cache-tokens", type=int, default=None,
-                   help="total KV-cache budget in tokens, shared by the slots (caps the context per slot)")
-    s.add_argument("--no-prefix-cache", action="store_true", help="always prefill whole prompts")
     s.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are aborted "
                         "(a second SIGINT quits at once)")
@@ -39,7 +37,6 @@ def served_name(model: str) -> str:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from ..cli import engine_config
     from ..llm import LLM
     from .app import create_app
     from .background import make_server
@@ -50,8 +47,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
         logging.getLogger("specdecode.server").warning("listening on %s without --api-key: anyone who can reach "
                                                        "this address can use the model", a.host)
     llm = LLM(engine_config=cfg)
-    if a.no_prefix_cache:
-        llm.engine.prefix_cache = None
     app = create_app(llm.engine, a.served_model_name or [served_name(cfg.model)], api_key=a.api_key)
     make_server(app, a.shutdown_timeout, host=a.host, port=a.port, log_level=a.log_level).run()
     return 0

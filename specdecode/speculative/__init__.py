@@ -1,30 +1,43 @@
 """Speculative decoding: proposers (one file each), draft trees, the acceptance rule, metrics and the
-draft-length controller. ``make_proposer`` maps --spec-type to a proposer."""
+draft-length controller. ``make_proposer`` maps --spec-type to a proposer: to add one, write
+``speculative/<name>.py`` (a Proposer subclass, see proposer.py for the contract), add its
+--spec-type name to config.SPEC_TYPES and its constructor to PROPOSERS below."""
 from __future__ import annotations
 
 from ..config import SpecConfig
-from ..errors import InvalidRequestError
+from ..runtime.target import Target
 from .proposer import Proposer
 
 
-def make_proposer(spec: SpecConfig, engine, draft=None) -> Proposer:
-    """``draft``: an already loaded (model, tokenizer) for --spec-type draft (tests), else loaded here."""
-    if spec.spec_type == "none":
-        return Proposer()
-    if spec.spec_type in ("ngram", "ngram-simple"):
-        from .ngram import NgramProposer
+def _ngram(spec, target, draft):
+    from .ngram import NgramProposer
 
-        return NgramProposer(spec)
-    if spec.spec_type == "draft":
-        from .draft_model import DraftModelProposer
+    return NgramProposer(spec)
 
-        return DraftModelProposer(spec, engine, *(draft or (None, None)))
-    if spec.spec_type in ("eagle3", "eagle"):  # ``draft``: a built EagleHead (tests), else --spec-head / bundled
-        from .eagle import EagleProposer
 
-        return EagleProposer(spec, engine, draft)
-    if spec.spec_type == "draft-mtp":  # MTP heads read from the model file itself (``draft``: a loaded MTPHead)
-        from .mtp import MTPProposer
+def _draft_model(spec, target, draft):  # ``draft``: an already loaded (model, tokenizer) (tests)
+    from .draft_model import DraftModelProposer
 
-        return MTPProposer(spec, engine, draft)
-    raise InvalidRequestError(f"--spec-type {spec.spec_type} is not available yet")
+    return DraftModelProposer(spec, target, *(draft or (None, None)))
+
+
+def _eagle(spec, target, draft):  # ``draft``: a built EagleHead (tests), else --spec-head / bundled
+    from .eagle import EagleProposer
+
+    return EagleProposer(spec, target, draft)
+
+
+def _mtp(spec, target, draft):  # MTP heads read from the model file itself (``draft``: a loaded MTPHead)
+    from .mtp import MTPProposer
+
+    return MTPProposer(spec, target, draft)
+
+
+# --spec-type -> constructor(spec, target, draft); imported lazily so that unused drafters cost nothing.
+PROPOSERS = {"none": lambda spec, target, draft: Proposer(), "ngram": _ngram, "ngram-simple": _ngram,
+             "draft": _draft_model, "eagle3": _eagle, "eagle": _eagle, "draft-mtp": _mtp}
+
+
+def make_proposer(spec: SpecConfig, target: Target, draft=None) -> Proposer:
+    """``draft``: a ready drafter model or head for the proposer (tests), else it loads its own."""
+    return PROPOSERS[spec.spec_type](spec, target, draft)

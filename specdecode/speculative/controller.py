@@ -10,7 +10,6 @@ Acceptance is estimated per request and per position from exponentially decayed 
 prior: counts fade, so a request that stopped drafting drifts back to the prior and probes again."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -81,11 +80,6 @@ class CostModel:
         return s * (batch * tokens) / (b * t)
 
 
-def choose_draft_length(alphas: list[float], draft_cost: float, verify_cost, k_max: int, k_min: int = 0) -> int:
-    """argmax_k E(k)/C(k) over k in {0} ∪ [max(k_min,1), k_max]; verify_cost(t) gives v(t)."""
-    return choose_batch_draft_length([alphas], draft_cost, verify_cost, k_max, k_min)
-
-
 def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
                               k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> int:
     """One draft length for a batch verified in one forward: argmax_k sum_b E_b(depth(k)) / C(k).
@@ -116,7 +110,8 @@ def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, veri
 
 class DraftCost:
     """A drafter's measured seconds per drafting unit (one draft token, or one tree level) for each
-    batch size, EMA-smoothed; a batch size seen for the first time is measured by ``calibrate(n)``."""
+    batch size, EMA-smoothed; a batch size seen for the first time is measured by ``calibrate(n)``
+    (a drafter times one unit for n rows on a scratch slot with ``Timer.best_of``)."""
 
     def __init__(self, calibrate: Callable[[int], float]):
         self._calibrate = calibrate
@@ -129,17 +124,3 @@ class DraftCost:
         if batch not in self._s:
             self._s[batch] = self._calibrate(batch)
         return self._s[batch]
-
-
-class Timer:
-    """perf_counter with a device sync where timings would otherwise be asynchronous (CUDA)."""
-
-    def __init__(self, device):
-        self.cuda = getattr(device, "type", str(device)) == "cuda"
-
-    def now(self) -> float:
-        if self.cuda:
-            import torch
-
-            torch.cuda.synchronize()
-        return time.perf_counter()

@@ -1,9 +1,9 @@
 """EAGLE proposer (``--spec-type eagle3`` / ``eagle``): a draft head on the target's hidden states,
 growing a token tree EAGLE-2 style with SGLang's knobs.
 
-Head state per sequence: a KV cache slot whose index i holds the head's entry for position base + i
+Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's entry for position base + i
 (entry j = target features at j + embedding of token j+1; see models/eagle.py), ``fed`` committed
-entries, and pending target features (from ``seq.hidden`` after each verify) not fed yet. A proposal
+entries, and pending target features (handed to ``commit`` after each verify) not fed yet. A proposal
 feeds the pending entries, then grows the tree: depth 1 = the top-k tokens of the last entry; each
 later step feeds the k best frontier nodes (by path log-probability) as entries that see the
 committed prefix and their own ancestors (tree mask), and scores their top-k children; finally the
@@ -20,15 +20,16 @@ from pathlib import Path
 import torch
 
 from ..config import SpecConfig
-from ..runtime.kv_cache import KVCache
-from ..runtime.model_runner import ModelRunner
 from ..errors import InvalidRequestError
+from ..heads import find_head
 from ..models.eagle import EagleHead
+from ..runtime.context import Context, use_context
+from ..runtime.kv_cache import KVCache
+from ..runtime.target import Target
 from .controller import DraftCost
 from .proposer import Proposer
 from .tree import DraftTree
 
-HEADS_DIR = Path(__file__).resolve().parents[2] / "heads"  # bundled heads: heads/<model>-<kind>/
 PROMPT_WINDOW = 256  # prompt positions whose target features are recomputed when none were captured
 
 
@@ -41,53 +42,32 @@ class _State:
     fstart: int = 0
 
 
-def model_key(model: str) -> str:
-    from ..store import find_entry
-
-    entry = find_entry(model)
-    if entry is not None:
-        return entry.name
-    p = Path(model)
-    return (p.stem if p.suffix.lower() == ".gguf" else p.name).lower()
-
-
-def find_head(spec: SpecConfig, model: str) -> Path:
-    if spec.head:
-        return Path(spec.head).expanduser()
-    d = HEADS_DIR / f"{model_key(model)}-{spec.spec_type}"
-    if not d.is_dir():
-        raise InvalidRequestError(f"no bundled {spec.spec_type} head for {model_key(model)!r}: train one with "
-                                  f"`specdecode train-head --kind {spec.spec_type}` and pass --spec-head DIR")
-    return d
-
-
 class EagleProposer(Proposer):
     chain_drafts = False  # k caps tree nodes, not depth
     reads_hidden = True
 
-    def __init__(self, spec: SpecConfig, engine, head: EagleHead | None = None):
+    def __init__(self, spec: SpecConfig, target: Target, head: EagleHead | None = None):
         if spec.num_steps < 1 or spec.eagle_topk < 1 or spec.num_draft_tokens < 2:
             raise InvalidRequestError("EAGLE needs --num-steps >= 1, --eagle-topk >= 1, --num-draft-tokens >= 2")
         self.name, self.spec = spec.spec_type, spec
-        target = engine.model
         if head is None:
             from ..loader.eagle_ckpt import load_head
 
-            path = find_head(spec, engine.cfg.model)
-            head = load_head(path, target.cfg, engine.dtype, engine.device)
+            path = Path(spec.head).expanduser() if spec.head else find_head(target.name, spec.spec_type)
+            head = load_head(path, target.model.cfg, target.dtype, target.device)
             if head.cfg.kind != spec.spec_type:
                 raise InvalidRequestError(f"--spec-type {spec.spec_type} needs a {spec.spec_type} head; {path} "
                                           f"holds a {head.cfg.kind} head")
-        self.head = head.to(device=engine.device, dtype=engine.dtype).bind(target)
-        if engine.device.type == "cpu" and engine.dtype in (torch.float32, torch.bfloat16):
+        self.head = head.to(device=target.device, dtype=target.dtype).bind(target.model)
+        if target.device.type == "cpu" and target.dtype in (torch.float32, torch.bfloat16):
             self.head.quantize_int8()
         self.capture_layers = head.capture_layers
-        self.target, self.target_kv = target, engine.kv
+        self.target = target
         c, K = head.cfg, spec.eagle_topk
-        # one slot per engine slot plus a scratch slot for cost calibration; room for one tree of entries
-        self.kv = KVCache(1, engine.kv.num_slots + 1, engine.kv.max_len + spec.num_steps * K + 1,
-                          c.num_kv_heads, c.head_dim, engine.dtype, engine.device)
-        self.now = engine.timer.now
+        # one slot per target slot plus a scratch slot for cost calibration; room for one tree of entries
+        self.kv = KVCache(1, target.kv.num_slots + 1, target.kv.max_len + spec.num_steps * K + 1,
+                          c.num_kv_heads, c.head_dim, target.dtype, target.device)
+        self.timer = target.timer
         self._step_cost = DraftCost(self._calibrate)  # seconds per tree level
 
     def depth(self, k: int) -> int:
@@ -100,10 +80,9 @@ class EagleProposer(Proposer):
 
     # -- state -----------------------------------------------------------------------------------
     def _state(self, seq) -> _State:
-        st = seq.spec_state.get("eagle")
-        if st is None:
-            st = seq.spec_state["eagle"] = _State(self.kv.allocate())
-        return st
+        if seq.draft_state is None:
+            seq.draft_state = _State(self.kv.allocate())
+        return seq.draft_state
 
     def _add_features(self, st: _State, start: int, feats: torch.Tensor) -> None:
         """Pending features of positions start .. start + n - 1 (contiguous with what is pending)."""
@@ -112,27 +91,25 @@ class EagleProposer(Proposer):
         elif start + len(feats) > st.base + st.fed:
             st.feats, st.fstart = feats, start
 
-    def prefill(self, seq, start, end, hidden, captured):
+    def prefill(self, seq, start, end, hidden):
         """Prompt features from the engine's prefill (positions start .. end - 1): none are recomputed."""
-        self._add_features(self._state(seq), start, self.head.features(hidden, captured))
+        self._add_features(self._state(seq), start, self.head.features(*hidden))
 
-    def commit(self, seq, num_accepted):
+    def commit(self, seq, num_accepted, hidden):
         st = self._state(seq)
-        if seq.hidden is not None:
-            final, captured = seq.hidden
-            feats = self.head.features(final, captured)  # [accepted + 1, F]: root + accepted path
-            self._add_features(st, self.target_kv.lengths[seq.slot] - len(feats), feats)
-            seq.hidden = None
+        if hidden is not None:
+            feats = self.head.features(*hidden)  # [accepted + 1, F]: root + accepted path
+            self._add_features(st, len(seq.tokens) - 1 - len(feats), feats)
         self.kv.set_length(st.slot, st.fed)  # drop the draft entries
 
     def release(self, seq):
-        st = seq.spec_state.pop("eagle", None)
-        if st is not None:
-            self.kv.free(st.slot)
+        if seq.draft_state is not None:
+            self.kv.free(seq.draft_state.slot)
+            seq.draft_state = None
 
     def _fill_gap(self, seq, st: _State) -> None:
         """Recomputes target features for committed positions the head lacks (the prompt, unless the
-        engine passed them), over a private copy of the target's cache, limited to PROMPT_WINDOW."""
+        engine passed them), limited to PROMPT_WINDOW."""
         end = len(seq.tokens) - 1  # the target's committed length
         have = st.fstart if st.feats is not None else end
         if have <= st.base + st.fed:
@@ -140,15 +117,7 @@ class EagleProposer(Proposer):
         a = max(0, have - PROMPT_WINDOW) if st.fed == 0 else st.base + st.fed
         if st.fed == 0:
             st.base = a
-        tk = self.target_kv
-        scratch = KVCache(tk.k.shape[0], 1, have, tk.k.shape[2], tk.k.shape[4], tk.k.dtype, tk.k.device)
-        slot = scratch.allocate()
-        scratch.k[:, slot, :, :a] = tk.k[:, seq.slot, :, :a]
-        scratch.v[:, slot, :, :a] = tk.v[:, seq.slot, :, :a]
-        scratch.set_length(slot, a)
-        _, hidden, cap = ModelRunner(self.target, scratch).forward(
-            [slot], [seq.tokens[a:have]], logits=False, capture_layers=self.capture_layers)
-        gap = self.head.features(hidden[0], {i: h[0] for i, h in cap.items()})
+        gap = self.head.features(*self.target.hidden_states(seq.slot, seq.tokens, a, have, self.capture_layers))
         st.feats = gap if st.feats is None else torch.cat([gap, st.feats])
         st.fstart = a
 
@@ -165,15 +134,15 @@ class EagleProposer(Proposer):
                     rows.append(b)
         if not rows:
             return trees
-        t0 = self.now()
-        states = [seqs[b].spec_state["eagle"] for b in rows]
+        t0 = self.timer.now()
+        states = [seqs[b].draft_state for b in rows]
         x_last = self._feed_pending([seqs[b] for b in rows], states)
         keep = [min(max_tokens[b], self.max_tokens) for b in rows]
         steps = min(self.spec.num_steps, max(keep))
         cands = self._grow(x_last, states, [len(seqs[b].tokens) - 1 for b in rows], steps)
         for i, b in enumerate(rows):
             trees[b] = _select(cands[i], keep[i])
-        self._step_cost.observe(len(rows), (self.now() - t0) / steps)
+        self._step_cost.observe(len(rows), (self.timer.now() - t0) / steps)
         return trees
 
     def _feed_pending(self, seqs, states) -> torch.Tensor:
@@ -189,14 +158,10 @@ class EagleProposer(Proposer):
             ids[b, :n[b]] = torch.tensor(seq.tokens[st.fstart + 1:st.fstart + 1 + n[b]])  # entry j reads token j+1
             pos[b, :n[b]] = torch.arange(st.fstart, st.fstart + n[b])
             feats[b, :n[b]] = st.feats
-        starts = [st.fed for st in states]
-        L = max(s + k for s, k in zip(starts, n))
-        key = torch.arange(L).view(1, 1, L) - torch.tensor(starts).view(B, 1, 1)  # key index relative to row start
-        q = torch.arange(T).view(1, T, 1)
-        mask = (key <= q) & (q < torch.tensor(n).view(B, 1, 1))
-        mask[:, :, 0] |= ~mask.any(-1)  # padded queries: one valid key avoids NaN
-        x = h.step(h.embed(ids.to(dev)), h.project(feats), pos.to(dev), self.kv, [st.slot for st in states],
-                   starts, n, mask[:, None].to(dev))
+        ctx = Context(self.kv, [st.slot for st in states], [st.fed for st in states], n,
+                      backend=self.target.attention)  # causal among each row's new entries
+        with use_context(ctx, dev):
+            x = h.step(h.embed(ids.to(dev)), h.project(feats), pos.to(dev))
         for st, k in zip(states, n):
             st.fed += k
             st.feats = None
@@ -225,8 +190,10 @@ class EagleProposer(Proposer):
             drafted = vis.gather(2, r.clamp(0, D - 1).expand(B, K, Ld)) & (r >= 0) & (r < D)
             mask = (r < 0) | drafted  # [B, K, Ld]: the committed prefix, the node's ancestors and itself
             pos = torch.tensor(root_pos).view(B, 1) + d - 2
-            x = h.step(h.embed(tgt), hid, pos.expand(B, K).to(dev), self.kv, [st.slot for st in states],
-                       [st.fed + off for st in states], [K] * B, mask[:, None].to(dev))
+            ctx = Context(self.kv, [st.slot for st in states], [st.fed + off for st in states], [K] * B,
+                          attn_mask=mask[:, None].to(dev), backend=self.target.attention)
+            with use_context(ctx, dev):
+                x = h.step(h.embed(tgt), hid, pos.expand(B, K).to(dev))
             logp = torch.log_softmax(h.logits(x), -1) + score[..., None]  # [B, K, Vd] path log-probs
             cs, ct = logp.topk(K, dim=-1)  # [B, K, K] each frontier node's best children
             ctg = h.to_target(ct)
@@ -251,23 +218,17 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def _calibrate(self, n_seqs: int) -> float:
+        """One tree level for n_seqs rows (K entries each over a 32-entry prefix) on a scratch slot."""
         h, K, dev = self.head, self.spec.eagle_topk, self.head.device
-        slot = self.kv.allocate()
-        try:
-            H = h.cfg.hidden_size
-            x = torch.zeros(n_seqs, K, H, dtype=h.dtype, device=dev)
-            ids = torch.zeros(n_seqs, K, dtype=torch.long, device=dev)
-            pos = torch.full((n_seqs, K), 32, device=dev)
-            mask = torch.ones(n_seqs, 1, K, 32 + K, dtype=torch.bool, device=dev)
-            best = float("inf")
-            for _ in range(3):
-                t0 = self.now()
-                y = h.step(h.embed(ids), x, pos, self.kv, [slot] * n_seqs, [32] * n_seqs, [K] * n_seqs, mask)
-                h.logits(y).topk(K, dim=-1)
-                best = min(best, self.now() - t0)
-            return best
-        finally:
-            self.kv.free(slot)
+        x = torch.zeros(n_seqs, K, h.cfg.hidden_size, dtype=h.dtype, device=dev)
+        ids = torch.zeros(n_seqs, K, dtype=torch.long, device=dev)
+        pos = torch.full((n_seqs, K), 32, device=dev)
+        with self.kv.scratch_slot() as slot:
+            ctx = Context(self.kv, [slot] * n_seqs, [32] * n_seqs, [K] * n_seqs,
+                          attn_mask=torch.ones(n_seqs, 1, K, 32 + K, dtype=torch.bool, device=dev),
+                          backend=self.target.attention)
+            with use_context(ctx, dev):
+                return self.timer.best_of(lambda: h.logits(h.step(h.embed(ids), x, pos)).topk(K, dim=-1))
 
 
 def _select(cands: list[tuple], n: int) -> DraftTree:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from ..config import SpecConfig
+from .controller import ema
 from .proposer import Proposer
 from .tree import DraftTree
 
@@ -44,7 +45,7 @@ class NgramProposer(Proposer):
                     break
             trees.append(DraftTree.chain(draft))
         spent = (time.perf_counter() - t0) / max(1, sum(max_tokens))
-        self._cost = 0.8 * self._cost + 0.2 * spent
+        self._cost = ema(self._cost, spent)
         return trees
 
     def draft_cost(self, n_seqs: int = 1) -> float:

@@ -1,13 +1,32 @@
-"""The one interface every drafter implements (none, draft model, n-gram, EAGLE, MTP)."""
+"""The one interface every drafter implements (none, draft model, n-gram, EAGLE, MTP), and what it sees."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+import torch
 
 from ..sampling import draft_token
+from ..sampling_params import SamplingParams
 from .tree import DraftTree
 
-if TYPE_CHECKING:
-    from ..engine.sequence import Sequence
+
+class SeqView(Protocol):
+    """What a proposer reads of a request (the engine's Sequence satisfies it). The target's KV slot
+    ``slot`` holds ``tokens[:-1]``; the last token is the root of the next draft. ``draft_state`` is
+    the proposer's own per-request state (None until it sets it)."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    slot: int
+    generator: torch.Generator | None
+    draft_state: Any
+
+    @property
+    def tokens(self) -> list[int]: ...
+
+
+# (final normed states [r, H], {layer: output [r, H]} for capture_layers) of r target positions.
+Hidden = tuple[torch.Tensor, dict[int, torch.Tensor]]
 
 
 class Proposer:
@@ -16,22 +35,23 @@ class Proposer:
       nodes (fewer, or none, is always allowed). Tokens are drafted after ``seq.tokens`` (whose last
       token, the root, is not yet in the target's KV cache). Sampled drafts carry the exact processed
       distribution each token was drawn from (``draft_probs``); deterministic drafts carry None.
-    - ``commit(seq, num_accepted)`` is called after the sequence's tokens were extended by the accepted
-      draft tokens plus one target token; the proposer rolls its own state (e.g. KV cache) back to
-      what is still valid.
-    - ``prefill(seq, start, end, hidden, captured)`` is called after each chunk of the target's prefill
-      (prompt positions start .. end - 1; hidden [end - start, H] final normed states, captured
-      {layer: [end - start, H]} for ``capture_layers``): a drafter with its own cache ingests the prompt
-      then (time to first token), not inside the first draft it makes.
+    - ``commit(seq, num_accepted, hidden)`` is called after the sequence's tokens were extended by the
+      accepted draft tokens plus one target token; the proposer rolls its own state (e.g. KV cache)
+      back to what is still valid. ``hidden`` (only for ``reads_hidden`` proposers, else None): the
+      target's states of the rows the verify committed, the root and the accepted path, i.e.
+      positions len(seq.tokens) - num_accepted - 2 .. len(seq.tokens) - 2.
+    - ``prefill(seq, start, end, hidden)`` is called after each chunk of the target's prefill (prompt
+      positions start .. end - 1, ``hidden`` as in commit, for those positions): a drafter with its
+      own cache ingests the prompt then (time to first token), not inside the first draft it makes.
     - ``release(seq)`` frees per-sequence state when the sequence finishes.
-    - ``draft_cost(n_seqs)``: measured seconds to draft one token for a batch of n_seqs (0 for free drafters);
-      the draft-length controller weighs it against the target's verify cost.
+    - ``draft_cost(n_seqs)``: measured seconds per drafting unit for a batch of n_seqs (0 for free
+      drafters); the draft-length controller weighs it against the target's verify cost.
     - ``depth(k)``: the positions a draft of k tokens reaches and the drafting units it costs (k for a
       chain; a tree's k nodes reach at most its depth): the controller counts gains and drafting
       costs over depth(k) positions, and verify costs over k + 1 rows.
-    - ``reads_hidden``: the proposer reads the target's hidden states (EAGLE, MTP): after each verify
-      the engine sets ``seq.hidden`` = (final normed states [kept, H], {layer: [kept, H]} for
-      ``capture_layers``) of the rows it committed."""
+    - ``reads_hidden``: the proposer reads the target's hidden states (EAGLE, MTP), and
+      ``capture_layers`` names the decoder layers whose outputs it needs besides the final states.
+    A proposer gets the target through a ``runtime.target.Target`` handle, never the engine."""
 
     name = "none"
     reads_hidden = False
@@ -41,16 +61,16 @@ class Proposer:
     # as misses (they gained nothing, and in a batch they still cost their padded rows).
     chain_drafts = True
 
-    def propose(self, seqs: list["Sequence"], max_tokens: list[int]) -> list[DraftTree]:
+    def propose(self, seqs: list[SeqView], max_tokens: list[int]) -> list[DraftTree]:
         return [DraftTree.empty() for _ in seqs]
 
-    def commit(self, seq: "Sequence", num_accepted: int) -> None:
+    def commit(self, seq: SeqView, num_accepted: int, hidden: Hidden | None) -> None:
         pass
 
-    def prefill(self, seq: "Sequence", start: int, end: int, hidden, captured) -> None:
+    def prefill(self, seq: SeqView, start: int, end: int, hidden: Hidden) -> None:
         pass
 
-    def release(self, seq: "Sequence") -> None:
+    def release(self, seq: SeqView) -> None:
         pass
 
     def draft_cost(self, n_seqs: int = 1) -> float:
@@ -66,7 +86,7 @@ class Proposer:
         return 1 << 30
 
 
-def extend_chain(tokens: list[int], qs: list, logits, seq: "Sequence", p_min: float, max_tokens: int) -> bool:
+def extend_chain(tokens: list[int], qs: list, logits, seq: SeqView, p_min: float, max_tokens: int) -> bool:
     """One step of a model drafter's chain: draws a token from ``logits`` [V] (``sampling.draft_token``)
     and appends it, with the q it was drawn from (sampled requests), to ``tokens`` / ``qs``, unless the
     chain already has a token and this one is not confident (``--draft-p-min``). Returns whether the

@@ -39,10 +39,6 @@ class AcceptResult:
     path: list[int]  # accepted node indices, root excluded, root-to-leaf order
     token: int  # correction token after a rejection, or bonus token after the deepest accepted node
 
-    @property
-    def num_accepted(self) -> int:
-        return len(self.path)
-
 
 def accept(tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator | None = None, *,
            greedy: bool) -> AcceptResult:
@@ -57,11 +53,31 @@ def accept(tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generat
     return AcceptResult(path=accepted[0].nonzero().flatten().tolist(), token=int(token[0]))
 
 
+def draw_uniforms(generators: list[torch.Generator | None], sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The random numbers accept_batch consumes, drawn from each row's own generator (on the CPU)
+    in the order a one-row call draws them: (walk [B, max(sizes)] zero-padded, final [B]). Rows
+    without a generator (greedy) get zeros, which the rule never needs there."""
+    n = max(sizes, default=0)
+    walk, final = torch.zeros(len(sizes), n), torch.zeros(len(sizes))
+    for b, (g, k) in enumerate(zip(generators, sizes)):
+        if g is not None:
+            walk[b, :k] = torch.rand(1, k, generator=g)[0]
+            final[b] = torch.rand(1, 1, generator=g)[0, 0]
+    return walk, final
+
+
 def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor,
                  draft_probs: torch.Tensor | None, generator: torch.Generator | None = None, *,
-                 greedy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 greedy: bool, uniforms: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rule for B trees at once, without device syncs (pass ``parents`` on the CPU: its shape
     decides which full-vocabulary updates are needed; the rest may live on the accelerator).
+
+    greedy=True: target_probs may be raw logits (only argmaxes are compared). greedy=False: the
+    sampling rule, which with a one-hot row (a greedy request's processed distribution) makes exactly
+    the greedy decisions whatever its random numbers, so greedy and sampled requests share a batch.
+    Random numbers: ``uniforms`` (walk [B, n], final [B], see draw_uniforms: one generator per row),
+    or else drawn here from ``generator``.
 
     tokens [B, n] long; parents [B, n] long (-1 = root; any value < -1 marks a padding node, never
     tried, so trees of different sizes share one batch); target_probs [B, n+1, V];
@@ -91,7 +107,10 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
     # child ends the walk; its residual is applied once, after the loop (for a chain, the only one).
     same = (par[:, :, None] == par[:, None, :]) & (par[:, :, None] >= -1)  # [B, n, n]
     later_sibling = (same & torch.ones(n, n, dtype=torch.bool).triu(1)).any(-1).any(0).tolist()  # [n]
-    u = torch.rand(b, n, generator=generator, device=dev)
+    if uniforms is None:
+        u, u_final = torch.rand(b, n, generator=generator, device=dev), None
+    else:
+        u, u_final = uniforms[0][:, :n].to(dev), uniforms[1].to(dev)
     qx = torch.ones(b, n, device=dev) if draft_probs is None else \
         draft_probs.gather(-1, tokens[..., None]).squeeze(-1).float()  # [B, n] q(x) of each node
     deterministic = ~(qx > 0)  # also catches NaN
@@ -122,7 +141,7 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
         j = deferred.clamp_min(0)
         q = _q_row(j, tokens, draft_probs, deterministic, v)
         p = torch.where((deferred >= 0)[:, None], _residual(p, q), p)
-    return cur, sample(p, generator), accepted
+    return cur, sample(p, generator, u=u_final), accepted
 
 
 def _q_row(i, tokens, draft_probs, deterministic, vocab: int) -> torch.Tensor:

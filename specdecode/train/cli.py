@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..args import add_model_args
 from ..errors import InvalidRequestError
 
 # EAGLE defaults; flags left unset reach --kind mtp as None, so that train/mtp.py applies its own.
@@ -23,7 +24,7 @@ EAGLE_DEFAULTS = dict(seq_len=512, corpus_tokens=100_000, distill=0, general=0, 
 _FEATURE_KEYS = ("seq_len", "corpus_tokens", "distill", "general", "distill_tokens", "eval_frac")  # decide the cached features
 
 
-def add_train_parser(sub, add_model_args) -> None:
+def add_train_parser(sub) -> None:
     t = sub.add_parser("train-head", help="train a draft head (EAGLE-3, EAGLE-1 or MTP) for a frozen target")
     add_model_args(t)
     t.add_argument("--kind", choices=("eagle3", "eagle", "mtp"), default="eagle3")
@@ -68,10 +69,10 @@ def cmd_train_head(a) -> int:
     if getattr(a, "quant", "none") != "none":
         raise InvalidRequestError("train-head runs the target with float weights (--quant none): the labels "
                                   "read its LM head rows")
-    from ..engine.engine import resolve_device_dtype
+    from ..runtime.device import resolve_device_dtype
     from ..loader import load_checkpoint
     from ..loader.eagle_ckpt import save_head
-    from ..speculative.eagle import model_key
+    from ..heads import model_key
     from ..store import resolve_model
     from .data import load_shards, resolve_data
     from .eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_weight

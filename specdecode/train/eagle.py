@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.eagle import EagleConfig, EagleHead, attend, default_aux_layers, init_head
+from ..models.eagle import EagleConfig, EagleHead, default_aux_layers, init_head
+from ..runtime.attention import backend
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def ttt_loss(head: EagleHead, w_labels: torch.Tensor, batch: Batch, steps: int, 
         keys.append(k)
         values.append(v)
         mask = torch.cat([causal] + [eye] * s, dim=1)[None, None]  # [1, 1, T1, (s+1)*T1]
-        x = head.finish(attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask), res)
+        x = head.finish(backend().attend(q, torch.cat(keys, 2), torch.cat(values, 2), mask), res)
         logp = torch.log_softmax(head.logits(x), -1)  # [B, T1, Vd]
         n = ok.sum()
         loss = -(labels[:, idx - 1] * logp).sum(-1)[ok].sum() / n.clamp_min(1)

@@ -201,7 +201,7 @@ def train_mtp_head(args, _model=None, _tokenizer=None) -> int:
     ``_model``/``_tokenizer``: an already loaded target (tests)."""
     from tqdm import tqdm
 
-    from ..engine.engine import resolve_device_dtype
+    from ..runtime.device import resolve_device_dtype
     from ..loader import load_checkpoint
     from ..loader.mtp_ckpt import attach_mtp, save_head_dir
     from ..store import resolve_model

@@ -1,0 +1,82 @@
+"""Command-line arguments shared by the subcommands, and the configurations they build. Every default
+is read from the frozen configs (config.py, sampling_params.py): a flag never defines its own."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from .config import SPEC_TYPES, EngineConfig, SpecConfig
+from .sampling_params import SamplingParams
+
+_SPEC = {f.name: f.default for f in fields(SpecConfig)}
+_ENG = {f.name: f.default for f in fields(EngineConfig) if f.name != "spec"}
+_SAMP = {f.name: f.default for f in fields(SamplingParams)}
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=_ENG["model"], help="known name, GGUF file or HF directory")
+    p.add_argument("--dtype", default=_ENG["dtype"], help="auto | float32 | bfloat16 | float16")
+    p.add_argument("--quant", default=_ENG["quant"],
+                   help="weight format of the linear layers: auto (closest to the GGUF's own bit width), none, "
+                        "or a format of layers/quant (int4, int8)")
+    p.add_argument("--device", default=_ENG["device"], help="auto | cpu | cuda")
+    p.add_argument("--kv-cache-dtype", default=_ENG["kv_cache_dtype"],
+                   help="auto | float32 | bfloat16 | float16 (auto: bfloat16 for quantized weights on CPU)")
+    p.add_argument("--threads", "-t", type=int, default=_ENG["threads"])
+    p.add_argument("--ctx-size", "-c", dest="max_model_len", type=int, default=_ENG["max_model_len"])
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """Scheduling and cache knobs (EngineConfig): serving and benchmarking commands."""
+    p.add_argument("--max-num-seqs", "--parallel", "-np", dest="max_num_seqs", type=int, default=_ENG["max_num_seqs"],
+                   help="concurrent sequences (KV-cache slots); more requests wait in a queue")
+    p.add_argument("--kv-cache-tokens", type=int, default=_ENG["kv_cache_tokens"],
+                   help="total KV-cache budget in tokens, shared by the slots (caps the context per slot)")
+    p.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false",
+                   default=_ENG["enable_prefix_caching"], help="always prefill whole prompts")
+    p.add_argument("--prefill-chunk", type=int, default=_ENG["prefill_chunk"],
+                   help="prompt tokens per forward (bounds a long prompt's stall of running decodes)")
+    p.add_argument("--attention-backend", default=_ENG["attention_backend"], help="runtime/attention backend")
+
+
+def add_spec_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec-type", default=_SPEC["spec_type"], choices=SPEC_TYPES)
+    p.add_argument("--model-draft", "-md", default=_SPEC["model_draft"])
+    p.add_argument("--quant-draft", default=_SPEC["quant_draft"],
+                   help="weight format of the draft model's linear layers (as --quant)")
+    p.add_argument("--draft-max", type=int, default=_SPEC["draft_max"])
+    p.add_argument("--draft-min", type=int, default=_SPEC["draft_min"])
+    p.add_argument("--draft-p-min", type=float, default=_SPEC["draft_p_min"])
+    p.add_argument("--draft-fixed", action="store_true", help="always draft --draft-max tokens (no cost model)")
+    p.add_argument("--spec-ngram-size-n", dest="ngram_size_n", type=int, default=_SPEC["ngram_size_n"])
+    p.add_argument("--prompt-lookup-min", type=int, default=_SPEC["prompt_lookup_min"])
+    p.add_argument("--prompt-lookup-max", type=int, default=_SPEC["prompt_lookup_max"])
+    p.add_argument("--num-steps", type=int, default=_SPEC["num_steps"])
+    p.add_argument("--eagle-topk", type=int, default=_SPEC["eagle_topk"])
+    p.add_argument("--num-draft-tokens", type=int, default=_SPEC["num_draft_tokens"])
+    p.add_argument("--spec-head", dest="head", default=_SPEC["head"])
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", "-n", type=int, default=_SAMP["max_tokens"])
+    p.add_argument("--temperature", "--temp", type=float, default=_SAMP["temperature"])
+    p.add_argument("--top-p", type=float, default=_SAMP["top_p"])
+    p.add_argument("--top-k", type=int, default=_SAMP["top_k"])
+    p.add_argument("--min-p", type=float, default=_SAMP["min_p"])
+    p.add_argument("--seed", type=int, default=_SAMP["seed"])
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def spec_config(a) -> SpecConfig:
+    return SpecConfig(**{k: getattr(a, k) for k in _SPEC if hasattr(a, k)})
+
+
+def engine_config(a, **over) -> EngineConfig:
+    kw = {k: getattr(a, k) for k in _ENG if hasattr(a, k)}
+    kw.update(over)
+    return EngineConfig(spec=spec_config(a), **kw)
+
+
+def sampling_params(a) -> SamplingParams:
+    return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
+                          min_p=a.min_p, seed=a.seed, stop=tuple(a.stop))
