@@ -1,4 +1,6 @@
-"""The linear layer every projection goes through. Weight-only quantized variants plug in here."""
+"""The linear layer every projection is built with. Models are built with plain nn.Linear; for a
+quantized model, models.build_model swaps each for its format's layer (layers/quant) before any
+weight is allocated."""
 from torch import nn
 
 
