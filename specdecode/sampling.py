@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from .sampling_params import SamplingParams
@@ -83,18 +84,52 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: tor
     return torch.where(deterministic, probs.argmax(-1), drawn)
 
 
-def draft_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None,
+def draft_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None,
                 p_min: float) -> tuple[int, torch.Tensor | None, bool]:
     """One token of a model-based draft from its logits [V]: (token, q, confident). Greedy requests
     draft the argmax (q None: a deterministic draft); sampled ones draw from q = process_logits, the
-    exact distribution the acceptance rule needs. confident: the drafted token's probability (greedy)
-    or q's top probability reaches ``p_min`` (--draft-p-min)."""
+    exact distribution the acceptance rule needs, with the uniform ``u`` [1] (the request's stream).
+    confident: the drafted token's probability (greedy) or q's top probability reaches ``p_min``
+    (--draft-p-min)."""
     if params.greedy:
         tok = int(logits.argmax())
         return tok, None, float(torch.softmax(logits, -1)[tok]) >= p_min
     q = process_logits(logits.unsqueeze(0), params)[0]
-    tok = int(sample(q.unsqueeze(0), generator)[0])
+    tok = int(sample(q.unsqueeze(0), u=u)[0])
     return tok, q, float(q.max()) >= p_min
+
+
+# Purposes of a request's random numbers at one position: the target's token there, a draft model's
+# token there, and (COIN + node) the acceptance coin of a sampled draft node.
+TARGET, DRAFT, COIN = 0, 1, 2
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic): a bijection that scrambles bits."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+class RandomStream:
+    """A request's random numbers, counter-based: the uniform for (position, purpose) is a hash of
+    (seed, position, purpose), so what a position draws never depends on how many drafts, rejections
+    or batch-mates came before. Plain decoding samples the token at position i with
+    ``u(i, TARGET)``; speculative verification of deterministic drafts samples the target's token at
+    every position it reaches with the same number, so a seed gives the same text either way."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self._key = _mix(np.array([seed & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+
+    def u(self, positions, purpose=TARGET) -> torch.Tensor:
+        """float32 uniforms in [0, 1) (24 random bits, as torch.rand), one per position (and purpose,
+        broadcast with positions)."""
+        pos = np.asarray(positions, dtype=np.uint64)
+        h = _mix(_mix(self._key ^ pos) ^ np.asarray(purpose, dtype=np.uint64))
+        return torch.from_numpy(((h >> np.uint64(40)).astype(np.float64) * 2.0 ** -24).astype(np.float32))
 
 
 def _param_columns(rows: list[SamplingParams], device) -> tuple[torch.Tensor, ...]:

@@ -121,6 +121,18 @@ def right_rule(tokens, parents, target, q, gen):
     return accept_batch(tokens, parents, target, q, gen, greedy=False)
 
 
+def stream_rule(tokens, parents, target, q, gen, same_u=False):
+    """The engine's path: per-position uniforms (u_target by depth, u_coin by node) instead of a
+    generator; deterministic drafts take the exact-match rule, sampled ones the multi-round rule.
+    same_u (a bug to catch): one uniform reused at every depth of the walk."""
+    b, n = tokens.shape
+    u_target = torch.rand(b, n + 1, generator=gen)
+    if same_u:
+        u_target = u_target[:, :1].expand(b, n + 1)
+    return accept_batch(tokens, parents, target, q, greedy=False, u_target=u_target,
+                        u_coin=torch.rand(b, n, generator=gen))
+
+
 def accept_always(tokens, parents, target, q, gen):
     """Wrong: keeps the first child at every level, then samples from the target."""
     path = []
@@ -167,6 +179,19 @@ WRONG = {"accept-always": (accept_always, False),
          "residual-is-p": (partial(reference_mss, residual=False), False),
          "q-mismatch": (right_rule, True),  # the harness hands the rule a q the drafts were not drawn from
          "siblings-vs-stale-p": (partial(reference_mss, retest_with_residual=False), False)}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_lossless_with_position_streams(config):
+    """The rule as the engine runs it (exact match for deterministic drafts, multi-round p/q for
+    sampled ones, numbers by position) has the target's distribution; reusing one number across
+    positions (a stream keyed wrongly) is caught by the same criterion."""
+    parents, mode = CONFIGS[config]
+    pvalue, tv, bound = compare(simulate(stream_rule, parents, mode, seed=7))
+    assert pvalue > ALPHA and tv < bound, (pvalue, tv, bound)
+    if mode == "top2":
+        pvalue, tv, bound = compare(simulate(partial(stream_rule, same_u=True), parents, mode, seed=7, n=N_WRONG))
+        assert pvalue < ALPHA and tv > bound, (pvalue, tv, bound)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -245,6 +270,30 @@ def test_greedy_tree():
     tied = torch.full((7, V), 1.0 / V)  # ties → lowest index, 0; no child of the root carries it
     r = accept(tree, tied, greedy=True)
     assert (r.path, r.token) == ([], 0)
+
+
+def test_exact_match_emits_what_plain_sampling_emits():
+    """Deterministic drafts verified by exact match: the emitted tokens are those plain sampling draws
+    at the same positions with the same numbers, whatever the draft (a chain, a tree, nothing)."""
+    g = torch.Generator().manual_seed(4)
+    target = process_logits(torch.randn(7, V, generator=g), SamplingParams(temperature=1.0))
+    for _ in range(200):
+        u = torch.rand(1, 7, generator=g)
+        # plain sampling, position by position, along the path the first draft takes
+        x0 = int(sample(target[:1], u=u[:, 0])[0])
+        tree = DraftTree([x0, (x0 + 1) % V, 3, 1, 2, 0], [-1, -1, 0, 0, 2, 4])
+        res = accept_batch(torch.tensor([tree.tokens]), torch.tensor([tree.parents]), target[None], None,
+                           greedy=False, u_target=u, u_coin=torch.zeros(1, 6))
+        path = res[2][0].nonzero().flatten().tolist()
+        assert path[0] == 0  # the sampled token is x0: its child is taken
+        emitted, node = [x0], 0
+        for depth in range(1, len(path) + 1):  # plain sampling continues from the node reached
+            x = int(sample(target[node + 1:node + 2], u=u[:, depth])[0])
+            emitted.append(x)
+            node = next((i for i in range(6) if tree.parents[i] == node and tree.tokens[i] == x), None)
+            if node is None:
+                break
+        assert [tree.tokens[i] for i in path] + [int(res[1][0])] == emitted
 
 
 def test_sampling_with_one_hot_target_equals_greedy():

@@ -5,6 +5,7 @@ together one speculative step at a time (continuous batching: sequences join and
 steps). Single-stream generation is the same loop with one request. Never imports server or CLI."""
 from __future__ import annotations
 
+import secrets
 from collections import deque
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from ..runtime.kv_cache import KVCache
 from ..runtime.model_runner import ModelRunner
 from ..runtime.target import Target
 from ..runtime.timer import Timer
+from ..sampling import RandomStream
 from ..sampling_params import SamplingParams
 from ..speculative import make_proposer
 from ..speculative.controller import CostModel, choose_batch_draft_length
@@ -90,12 +92,11 @@ class Engine:
         if len(prompt_ids) >= self.max_model_len:
             raise InvalidRequestError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
                                       f"{self.max_model_len}")
-        gen = None
+        stream = None
         if not params.greedy:
-            gen = torch.Generator(device="cpu")
-            gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+            stream = RandomStream(params.seed if params.seed is not None else secrets.randbits(63))
         seq = Sequence(list(prompt_ids), params, StreamingDetokenizer(self.tokenizer),
-                       frozenset(self.tokenizer.eos_ids), generator=gen, max_len=self.max_model_len)
+                       frozenset(self.tokenizer.eos_ids), random=stream, max_len=self.max_model_len)
         seq.stats.type = self.cfg.spec.spec_type
         self.waiting.append(seq)
         return seq

@@ -8,9 +8,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import torch
-
-from ..sampling import StopChecker
+from ..sampling import RandomStream, StopChecker
 from ..sampling_params import SamplingParams
 from ..speculative.controller import AcceptanceEstimate
 from ..speculative.metrics import SpecStats
@@ -28,7 +26,7 @@ class Sequence:
     seq_id: int = field(default_factory=lambda: next(_ids))
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1
-    generator: torch.Generator | None = None
+    random: RandomStream | None = None  # sampled requests: the per-position random numbers
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     text: str = ""  # visible completion text (stop strings cut off)
     stats: SpecStats = field(default_factory=SpecStats)

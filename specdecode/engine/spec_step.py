@@ -9,10 +9,10 @@ from typing import Callable
 import torch
 
 from ..runtime.model_runner import ModelRunner
-from ..sampling import process_logits
+from ..sampling import COIN, TARGET, process_logits
 from ..speculative.proposer import Proposer
 from ..speculative.tree import DraftTree
-from ..speculative.verify import accept_batch, draw_uniforms
+from ..speculative.verify import accept_batch
 from .sequence import Sequence
 
 
@@ -85,8 +85,9 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
     the root, row i + 1 = after node i). Returns each sequence's accepted path (node indices,
     root-to-leaf) and its next token. Greedy requests compare argmaxes of the raw logits; a batch
     with sampled requests processes every row with its request's settings (a greedy row becomes
-    one-hot, on which the sampling rule decides exactly as the greedy one). Each sampled request
-    draws its random numbers from its own generator, as a batch of one would."""
+    one-hot, on which the sampling rules decide exactly as the greedy one). A sampled request's
+    random numbers come from its own RandomStream, by output position: what a batch-mate or an
+    earlier draft did never changes them."""
     B, n = len(trees), max(len(t) for t in trees)
     tok = torch.zeros(B, n, dtype=torch.long)
     par = torch.full((B, n), -2, dtype=torch.long)  # < -1: padding, never tried
@@ -106,7 +107,17 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
             for b, t in enumerate(trees):
                 if t.draft_probs is not None:
                     draft[b, :len(t)] = t.draft_probs.to(draft)
-    uniforms = None if greedy else draw_uniforms([s.generator for s in seqs], [len(t) for t in trees])
-    _, token, accepted = accept_batch(tok.to(rows.device), par, probs, draft, greedy=greedy, uniforms=uniforms)
+    u_target = u_coin = None
+    if not greedy:
+        depth = max((max(t.depths(), default=0) for t in trees), default=0)
+        u_target, u_coin = torch.zeros(B, depth + 1), torch.zeros(B, n)
+        for b, (s, t) in enumerate(zip(seqs, trees)):
+            if s.random is not None:
+                first = len(s.tokens)  # index the token after the root takes in s.tokens
+                u_target[b] = s.random.u(range(first, first + depth + 1), TARGET)
+                if t.draft_probs is not None and len(t):
+                    u_coin[b, :len(t)] = s.random.u([first + d - 1 for d in t.depths()], [COIN + i for i in range(len(t))])
+    _, token, accepted = accept_batch(tok.to(rows.device), par, probs, draft, greedy=greedy, u_target=u_target,
+                                      u_coin=u_coin)
     accepted, token = accepted.cpu(), token.tolist()
     return [accepted[b, :len(t)].nonzero().flatten().tolist() for b, t in enumerate(trees)], token

@@ -5,7 +5,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..sampling import draft_token
+from ..sampling import DRAFT, RandomStream, draft_token
 from ..sampling_params import SamplingParams
 from .tree import DraftTree
 
@@ -13,12 +13,13 @@ from .tree import DraftTree
 class SeqView(Protocol):
     """What a proposer reads of a request (the engine's Sequence satisfies it). The target's KV slot
     ``slot`` holds ``tokens[:-1]``; the last token is the root of the next draft. ``draft_state`` is
-    the proposer's own per-request state (None until it sets it)."""
+    the proposer's own per-request state (None until it sets it); ``random`` the request's random
+    numbers by position (None for greedy requests)."""
 
     prompt_ids: list[int]
     params: SamplingParams
     slot: int
-    generator: torch.Generator | None
+    random: RandomStream | None
     draft_state: Any
 
     @property
@@ -91,7 +92,9 @@ def extend_chain(tokens: list[int], qs: list, logits, seq: SeqView, p_min: float
     and appends it, with the q it was drawn from (sampled requests), to ``tokens`` / ``qs``, unless the
     chain already has a token and this one is not confident (``--draft-p-min``). Returns whether the
     chain goes on (a token was appended and there is room for another)."""
-    tok, q, confident = draft_token(logits, seq.params, seq.generator, p_min)
+    # a drafted token's number is keyed by the position it would take, so it never shifts the target's
+    u = None if seq.random is None else seq.random.u([len(seq.tokens) + len(tokens)], DRAFT)
+    tok, q, confident = draft_token(logits, seq.params, u, p_min)
     if not confident and tokens:
         return False  # stop this chain before a likely-wrong token
     tokens.append(tok)

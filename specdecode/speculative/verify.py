@@ -23,7 +23,16 @@ gives the next token distributed as the target row after c_j, and so on. A one-h
 accept w.p. p(x), residual = p with x zeroed.
 
 Greedy rule: at each node take the argmax of its target row; move to a child carrying it or stop and
-emit it. Equal to the sampling rule with one-hot p, but uses no randomness."""
+emit it. Equal to the sampling rule with one-hot p, but uses no randomness.
+
+Exact-match rule (deterministic drafts, engine path): at each node reached, sample the target's
+token from its row with the uniform of that output position (the request's RandomStream); move to a
+child carrying it, or stop and emit it. For a one-hot q it accepts child x with probability p(x) and
+otherwise emits a token from p with x excluded, exactly as the multi-round rule does (siblings
+included: the sampled token is one of them or none), so it is lossless; and each emitted token is
+the one plain sampling emits at that position with the same seed, so a seed means the same text
+with or without speculation. Rows with sampled drafts keep the multi-round p/q rule, with coins and
+the final draw taken from the same per-position stream."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,31 +62,21 @@ def accept(tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generat
     return AcceptResult(path=accepted[0].nonzero().flatten().tolist(), token=int(token[0]))
 
 
-def draw_uniforms(generators: list[torch.Generator | None], sizes: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The random numbers accept_batch consumes, drawn from each row's own generator (on the CPU)
-    in the order a one-row call draws them: (walk [B, max(sizes)] zero-padded, final [B]). Rows
-    without a generator (greedy) get zeros, which the rule never needs there."""
-    n = max(sizes, default=0)
-    walk, final = torch.zeros(len(sizes), n), torch.zeros(len(sizes))
-    for b, (g, k) in enumerate(zip(generators, sizes)):
-        if g is not None:
-            walk[b, :k] = torch.rand(1, k, generator=g)[0]
-            final[b] = torch.rand(1, 1, generator=g)[0, 0]
-    return walk, final
-
-
 def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor,
                  draft_probs: torch.Tensor | None, generator: torch.Generator | None = None, *,
-                 greedy: bool, uniforms: tuple[torch.Tensor, torch.Tensor] | None = None
+                 greedy: bool, u_target: torch.Tensor | None = None, u_coin: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rule for B trees at once, without device syncs (pass ``parents`` on the CPU: its shape
     decides which full-vocabulary updates are needed; the rest may live on the accelerator).
 
     greedy=True: target_probs may be raw logits (only argmaxes are compared). greedy=False: the
-    sampling rule, which with a one-hot row (a greedy request's processed distribution) makes exactly
-    the greedy decisions whatever its random numbers, so greedy and sampled requests share a batch.
-    Random numbers: ``uniforms`` (walk [B, n], final [B], see draw_uniforms: one generator per row),
-    or else drawn here from ``generator``.
+    sampling rules, which with a one-hot row (a greedy request's processed distribution) make exactly
+    the greedy decisions whatever their random numbers, so greedy and sampled requests share a batch.
+    Random numbers: with ``u_target`` [B, D + 1] (row b's uniform for the token emitted at depth d,
+    i.e. after d accepted nodes) and ``u_coin`` [B, n] (node i's acceptance coin), the engine's
+    per-position streams: rows whose nodes are all deterministic take the exact-match rule, the
+    others the multi-round rule with these coins and final draw. Without them, every row takes the
+    multi-round rule with numbers drawn from ``generator``: coins [B, n], then one final draw per row.
 
     tokens [B, n] long; parents [B, n] long (-1 = root; any value < -1 marks a padding node, never
     tried, so trees of different sizes share one batch); target_probs [B, n+1, V];
@@ -100,6 +99,8 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
             accepted[:, i] = hit
         return cur, best[rows, cur + 1], accepted
 
+    if u_target is not None and draft_probs is None:  # every node deterministic: exact match throughout
+        return _exact_match(tokens, par, target_probs, u_target.to(dev))
     # Nodes processed in index order with "parent == current node" replay the walk exactly: children
     # follow their parent, and siblings come in draft order. Each node is tried at most once, so one
     # coin per node. Only p(x) of the tried token is needed, except that a rejected node with a
@@ -107,10 +108,7 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
     # child ends the walk; its residual is applied once, after the loop (for a chain, the only one).
     same = (par[:, :, None] == par[:, None, :]) & (par[:, :, None] >= -1)  # [B, n, n]
     later_sibling = (same & torch.ones(n, n, dtype=torch.bool).triu(1)).any(-1).any(0).tolist()  # [n]
-    if uniforms is None:
-        u, u_final = torch.rand(b, n, generator=generator, device=dev), None
-    else:
-        u, u_final = uniforms[0][:, :n].to(dev), uniforms[1].to(dev)
+    u = torch.rand(b, n, generator=generator, device=dev) if u_coin is None else u_coin[:, :n].to(dev)
     qx = torch.ones(b, n, device=dev) if draft_probs is None else \
         draft_probs.gather(-1, tokens[..., None]).squeeze(-1).float()  # [B, n] q(x) of each node
     deterministic = ~(qx > 0)  # also catches NaN
@@ -141,7 +139,43 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
         j = deferred.clamp_min(0)
         q = _q_row(j, tokens, draft_probs, deterministic, v)
         p = torch.where((deferred >= 0)[:, None], _residual(p, q), p)
-    return cur, sample(p, generator, u=u_final), accepted
+    if u_target is None:
+        return cur, sample(p, generator), accepted
+    u_final = u_target.to(dev)[rows, accepted.sum(1)]  # the position of the emitted token
+    token = sample(p, u=u_final)
+    exact = ~(~deterministic & (par >= -1).to(dev)).any(1)  # [B] rows whose every real node is deterministic
+    if bool(exact.any()):
+        e_cur, e_token, e_acc = _exact_match(tokens, par, target_probs, u_target.to(dev))
+        cur, token = torch.where(exact, e_cur, cur), torch.where(exact, e_token, token)
+        accepted = torch.where(exact[:, None], e_acc, accepted)
+    return cur, token, accepted
+
+
+def _exact_match(tokens: torch.Tensor, par: torch.Tensor, probs: torch.Tensor, u_target: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exact-match rule for B trees (par on the CPU, < -1 = padding): level by level, sample the
+    target's token at the current node with that depth's uniform, move to the child carrying it."""
+    b, n = tokens.shape
+    dev = probs.device
+    rows = torch.arange(b, device=dev)
+    parents = par.to(dev)
+    cur = torch.full((b,), -1, dtype=torch.long, device=dev)
+    token = torch.zeros(b, dtype=torch.long, device=dev)
+    accepted = torch.zeros(b, n, dtype=torch.bool, device=dev)
+    active = torch.ones(b, dtype=torch.bool, device=dev)
+    depth = 0
+    while True:
+        tok = sample(probs[rows, cur + 1].float(), u=u_target[:, depth])  # [B]
+        match = (parents == cur[:, None]) & (tokens == tok[:, None]) & active[:, None]  # [B, n]
+        hit = match.any(1)
+        token = torch.where(active & ~hit, tok, token)
+        if not bool(hit.any()):
+            return cur, token, accepted
+        nxt = match.to(torch.int8).argmax(1)  # the first child carrying the token
+        accepted[rows[hit], nxt[hit]] = True
+        cur = torch.where(hit, nxt, cur)
+        active &= hit
+        depth += 1
 
 
 def _q_row(i, tokens, draft_probs, deterministic, vocab: int) -> torch.Tensor:
