@@ -8,7 +8,10 @@ from pathlib import Path
 
 from ..errors import SpecDecodeError
 
+# Spec-Bench as the workspace lays it out, beside the checkout: found from the checkout's root or
+# from wherever the command runs (a relative path is tried as given first).
 DEFAULT_PROMPTS = "../shared/datasets/spec_bench/question.jsonl"
+_CHECKOUT = Path(__file__).resolve().parents[2]
 # Spec-Bench's "multi-turn conversation" category is MT-bench's 80 questions in 8 sub-categories.
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 
@@ -24,6 +27,8 @@ def load_prompts(path: str | Path, categories: list[str] | None = None, limit: i
     """Prompts in file order; ``categories`` filters (``mt_bench`` selects MT-bench's eight);
     ``limit`` keeps the first N of each category."""
     path = Path(path)
+    if not path.is_file() and not path.is_absolute() and (_CHECKOUT / path).is_file():
+        path = _CHECKOUT / path
     if not path.is_file():
         raise SpecDecodeError(f"prompt file {path} not found (pass --prompts FILE)")
     wanted = None
