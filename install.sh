@@ -15,3 +15,12 @@ if [ -n "$extras" ]; then
 else
     "$PY" -m pip install --quiet -e .
 fi
+# Suffix decoding runs on Snowflake's C++ suffix trees (arctic-inference), published as an sdist only.
+# Its build would pull an unpinned (CUDA) torch into an isolated build environment, so it is built
+# against the torch installed above, with its build tools. Optional: without it, --spec-type suffix
+# says so and auto drafts with prompt lookup instead.
+if ! "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+    "$PY" -m pip install --quiet cmake ninja "nanobind==2.9.2" "protobuf==5.29.6" grpcio-tools &&
+        "$PY" -m pip install --quiet --no-build-isolation "arctic-inference==0.3.0" ||
+        echo "install.sh: arctic-inference did not build; --spec-type suffix is unavailable" >&2
+fi

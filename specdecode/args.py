@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from .config import SPEC_TYPES, EngineConfig, SpecConfig
+from .config import DRAFTERS, EngineConfig, SpecConfig
 from .sampling_params import SamplingParams
 
 _SPEC = {f.name: f.default for f in fields(SpecConfig)}
@@ -40,7 +40,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--spec-type", default=_SPEC["spec_type"], choices=SPEC_TYPES)
+    p.add_argument("--spec-type", default=_SPEC["spec_type"],
+                   help=f"auto (every drafter available for the model, chosen per step), none, one of "
+                        f"{', '.join(DRAFTERS)}, or a comma-separated list of them")
     p.add_argument("--model-draft", "-md", default=_SPEC["model_draft"])
     p.add_argument("--quant-draft", default=_SPEC["quant_draft"],
                    help="weight format of the draft model's linear layers (as --quant)")
@@ -55,6 +57,16 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle-topk", type=int, default=_SPEC["eagle_topk"])
     p.add_argument("--num-draft-tokens", type=int, default=_SPEC["num_draft_tokens"])
     p.add_argument("--spec-head", dest="head", default=_SPEC["head"])
+    p.add_argument("--spec-ngram-mod-n-match", dest="ngram_mod_n_match", type=int, default=_SPEC["ngram_mod_n_match"])
+    p.add_argument("--spec-ngram-mod-n-min", dest="ngram_mod_n_min", type=int, default=_SPEC["ngram_mod_n_min"])
+    p.add_argument("--suffix-decoding-max-tree-depth", dest="suffix_max_tree_depth", type=int,
+                   default=_SPEC["suffix_max_tree_depth"])
+    p.add_argument("--suffix-decoding-max-cached-requests", dest="suffix_max_cached_requests", type=int,
+                   default=_SPEC["suffix_max_cached_requests"])
+    p.add_argument("--suffix-decoding-max-spec-factor", dest="suffix_max_spec_factor", type=float,
+                   default=_SPEC["suffix_max_spec_factor"])
+    p.add_argument("--suffix-decoding-min-token-prob", dest="suffix_min_token_prob", type=float,
+                   default=_SPEC["suffix_min_token_prob"])
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:

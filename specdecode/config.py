@@ -5,12 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_MODEL = "qwen2.5-coder-1.5b-instruct"
-SPEC_TYPES = ("none", "draft", "ngram-simple", "ngram", "eagle3", "eagle", "draft-mtp")
+# Drafters; --spec-type takes one, a comma-separated list of them (the controller picks per step and
+# per sequence, see speculative/chain.py), auto (every drafter available for the model) or none.
+DRAFTERS = ("draft", "ngram-simple", "ngram", "ngram-mod", "suffix", "eagle3", "eagle", "draft-mtp")
+SPEC_TYPES = ("auto", "none") + DRAFTERS
+
+
+def spec_members(spec_type: str) -> tuple[str, ...]:
+    """The drafters a --spec-type names ("a,b" -> (a, b); auto and none name none themselves)."""
+    return tuple(m.strip() for m in spec_type.split(",")) if spec_type not in ("auto", "none") else ()
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    spec_type: str = "none"
+    spec_type: str = "auto"
     model_draft: str | None = None  # --model-draft: name, GGUF file or HF directory
     quant_draft: str = "auto"  # --quant-draft: the draft model's linear weights (as EngineConfig.quant)
     draft_max: int = 8  # --draft-max: cap on drafted tokens per step (K)
@@ -24,20 +32,31 @@ class SpecConfig:
     eagle_topk: int = 1  # --eagle-topk: EAGLE branching
     num_draft_tokens: int = 4  # --num-draft-tokens: EAGLE tree nodes verified, counting the root
     head: str | None = None  # --spec-head: EAGLE head directory (default: the model's bundled head)
+    ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: tokens hashed by ngram-mod (llama.cpp's default)
+    ngram_mod_n_min: int = 1  # --spec-ngram-mod-n-min: shorter ngram-mod chains are dropped
+    suffix_max_tree_depth: int = 24  # --suffix-decoding-max-tree-depth (vLLM's default)
+    suffix_max_cached_requests: int = 10000  # --suffix-decoding-max-cached-requests: finished outputs kept
+    suffix_max_spec_factor: float = 1.0  # --suffix-decoding-max-spec-factor: draft <= factor x match length
+    suffix_min_token_prob: float = 0.1  # --suffix-decoding-min-token-prob: drop less likely branches
 
     def __post_init__(self):
         from .errors import InvalidRequestError
 
-        if self.spec_type not in SPEC_TYPES:
-            raise InvalidRequestError(f"unknown --spec-type {self.spec_type!r} (choose from {', '.join(SPEC_TYPES)})")
+        members = spec_members(self.spec_type)
+        if self.spec_type not in ("auto", "none") and (not members or any(m not in DRAFTERS for m in members)
+                                                       or len(set(members)) < len(members)):
+            raise InvalidRequestError(f"unknown --spec-type {self.spec_type!r} (auto, none, one of "
+                                      f"{', '.join(DRAFTERS)}, or a comma-separated list of them)")
         if self.draft_max < 0 or self.draft_min < 0 or self.draft_min > max(self.draft_max, 0):
             raise InvalidRequestError("--draft-min and --draft-max must satisfy 0 <= draft-min <= draft-max")
         if not 0.0 <= self.draft_p_min <= 1.0:
             raise InvalidRequestError("--draft-p-min must be in [0, 1]")
         if self.ngram_size_n < 1 or not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise InvalidRequestError("n-gram sizes must satisfy 1 <= prompt-lookup-min <= prompt-lookup-max")
-        if self.spec_type == "draft" and not self.model_draft:
+        if "draft" in members and not self.model_draft:
             raise InvalidRequestError("--spec-type draft needs --model-draft")
+        if self.ngram_mod_n_match < 1 or self.ngram_mod_n_min < 0 or self.suffix_max_tree_depth < 1:
+            raise InvalidRequestError("--spec-ngram-mod-n-match and --suffix-decoding-max-tree-depth must be >= 1")
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,15 @@ import re
 from dataclasses import replace
 from typing import Callable
 
-from ..config import EngineConfig, SpecConfig
+from ..config import EngineConfig, SpecConfig, spec_members
 from ..llm import LLM
 from ..sampling_params import SamplingParams
 from .prompts import Prompt
 
 
 def parse_configs(text: str, base: SpecConfig) -> list[tuple[str, SpecConfig]]:
-    """``--spec-types`` -> [(label, SpecConfig)]. Entries are comma-separated spec types, each optionally
+    """``--spec-types`` -> [(label, SpecConfig)]. Entries are comma-separated spec types (a chain of
+    drafters joined with ``+``: ``suffix+draft``), each optionally
     with settings in parentheses: EAGLE trees as ``eagle3(num_steps,eagle_topk,num_draft_tokens)``,
     anything else as SpecConfig fields ``draft(quant_draft=int4,draft_max=4)``. Settings not given
     come from ``base`` (the command's flags)."""
@@ -29,7 +30,7 @@ def parse_configs(text: str, base: SpecConfig) -> list[tuple[str, SpecConfig]]:
     for entry in re.findall(r"[^,()\s]+(?:\([^)]*\))?", text):
         name, _, args = entry.partition("(")
         args = [a.strip() for a in args.rstrip(")").split(",") if a.strip()]
-        over: dict = {"spec_type": name}
+        over: dict = {"spec_type": name.replace("+", ",")}
         if args and all(a.isdigit() for a in args) and name in ("eagle", "eagle3") and len(args) == 3:
             over.update(zip(("num_steps", "eagle_topk", "num_draft_tokens"), map(int, args)))
         else:
@@ -50,10 +51,10 @@ def parse_configs(text: str, base: SpecConfig) -> list[tuple[str, SpecConfig]]:
 def config_label(spec: SpecConfig) -> str:
     if spec.spec_type == "none":
         return "none"
-    label = spec.spec_type
+    label = spec.spec_type.replace(",", "+")
     if spec.draft_fixed:
         label += f"(k={spec.draft_max})"
-    if spec.spec_type in ("eagle", "eagle3"):
+    if spec.spec_type in ("eagle", "eagle3"):  # (a chain keeps its plain label)
         label += f"({spec.num_steps},{spec.eagle_topk},{spec.num_draft_tokens})"
     return label
 
@@ -68,7 +69,7 @@ def run_bench(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]], pro
     from ..loader import load_checkpoint, weight_quant
     from ..store import resolve_model
 
-    base = LLM(engine_config=replace(engine_cfg, spec=SpecConfig()))
+    base = LLM(engine_config=replace(engine_cfg, spec=SpecConfig(spec_type="none")))
     model, tok = base.engine.model, base.engine.tokenizer
     drafts: dict[str, tuple] = {}
     llms: dict[str, LLM] = {"none": base}
@@ -76,7 +77,7 @@ def run_bench(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]], pro
         if label in llms:
             continue
         draft = None
-        if spec.spec_type == "draft":
+        if spec.model_draft and ("draft" in spec_members(spec.spec_type) or spec.spec_type == "auto"):
             key = (spec.model_draft, spec.quant_draft)
             if key not in drafts:
                 drafts[key] = load_checkpoint(resolve_model(spec.model_draft), base.engine.dtype,

@@ -24,7 +24,7 @@ from ..runtime.timer import Timer
 from ..sampling import RandomStream
 from ..sampling_params import SamplingParams
 from ..speculative import make_proposer
-from ..speculative.controller import CostModel, choose_batch_draft_length
+from ..speculative.controller import CostModel, best_rate, choose_batch_draft_length
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache
@@ -132,8 +132,7 @@ class Engine:
             results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
             self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)
             for seq, k, r in zip(ready, ks, results):
-                asked = max(k, r.drafted) if self.proposer.chain_drafts else r.drafted
-                seq.acceptance.observe(asked, r.accepted)
+                self.proposer.observe(seq, k, r.drafted, r.accepted)
                 outputs.append(StepOutput(seq, r.delta))
         self._retire()
         return outputs
@@ -153,18 +152,23 @@ class Engine:
     def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
         """Each sequence's draft cap this step: one length for the batch (it shares one padded verify
         forward), capped by each sequence's room (max_tokens, context length, --draft-max)."""
-        spec = self.cfg.spec
+        spec, prop = self.cfg.spec, self.proposer
         rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, self.max_model_len - s.num_tokens - 1,
-                            spec.draft_max, self.proposer.max_tokens)) for s in seqs]
+                            spec.draft_max, prop.max_tokens)) for s in seqs]
         if spec.spec_type == "none" or not any(rooms):
             return [0] * len(seqs)
+        batch = len(seqs)
+
+        def verify(t: int) -> float:
+            return self.costs.verify_cost(batch, t)
+
+        prop.plan(seqs, rooms, lambda alphas, cost, depth, k_max: best_rate(alphas, cost, verify, k_max, depth),
+                  fixed=spec.draft_fixed)
         if spec.draft_fixed:
             return rooms
-        batch = len(seqs)
-        alphas = [s.acceptance.alphas(self.proposer.depth(r)) for s, r in zip(seqs, rooms)]
-        k = choose_batch_draft_length(alphas, self.proposer.draft_cost(batch),
-                                      lambda t: self.costs.verify_cost(batch, t), max(rooms), spec.draft_min,
-                                      depth=self.proposer.depth)
+        alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]
+        k = choose_batch_draft_length(alphas, prop.draft_cost(batch), verify, max(rooms), spec.draft_min,
+                                      depth=prop.depth)
         return [min(k, r) for r in rooms]
 
     def _maybe_calibrate(self) -> None:

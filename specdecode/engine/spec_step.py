@@ -75,7 +75,7 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         delta = seq.append([tree.tokens[p] for p in path] + [token_of[b]])
         proposer.commit(seq, len(path), kept)
         depth = max(tree.depths(), default=0)
-        seq.stats.record(depth, len(path), (t1 - t0) * decoding, (t2 - t1) * decoding)
+        seq.stats.record(depth, len(path), (t1 - t0) * decoding, (t2 - t1) * decoding, proposer.drafted_by(seq))
         results.append(SeqResult(delta, depth, len(path)))
     return results, StepTiming(t2 - t1, T)
 

@@ -64,6 +64,15 @@ class ServerMetrics:
                                   registry=r)
         self.spec_draft_tokens = Counter("specdecode_spec_draft_tokens", "Draft tokens verified", registry=r)
         self.spec_accepted_tokens = Counter("specdecode_spec_accepted_tokens", "Draft tokens accepted", registry=r)
+        # which drafter paid: the same three counts per drafter ("none" = steps without a draft), and its time
+        self.drafter_steps = Counter("specdecode_spec_drafter_steps", "Verify steps, by the drafter that drafted",
+                                     ["drafter"], registry=r)
+        self.drafter_draft_tokens = Counter("specdecode_spec_drafter_draft_tokens", "Draft tokens verified, by drafter",
+                                            ["drafter"], registry=r)
+        self.drafter_accepted_tokens = Counter("specdecode_spec_drafter_accepted_tokens",
+                                               "Draft tokens accepted, by drafter", ["drafter"], registry=r)
+        self.drafter_seconds = Counter("specdecode_spec_drafter_draft_seconds", "Time spent drafting, by drafter",
+                                       ["drafter"], registry=r)
         r.register(_EngineCollector(worker))
 
     def observe(self, endpoint: str, seq: Sequence) -> None:
@@ -81,6 +90,11 @@ class ServerMetrics:
         self.spec_steps.inc(st.steps)
         self.spec_draft_tokens.inc(st.draft_tokens)
         self.spec_accepted_tokens.inc(st.accepted_tokens)
+        for name, d in st.by_drafter.items():
+            self.drafter_steps.labels(name).inc(d["steps"])
+            self.drafter_draft_tokens.labels(name).inc(d["draft_tokens"])
+            self.drafter_accepted_tokens.labels(name).inc(d["accepted_tokens"])
+            self.drafter_seconds.labels(name).inc(d["draft_time_s"])
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -108,6 +108,23 @@ def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, veri
     return best_k
 
 
+def best_rate(alphas: list[float], draft_cost: float, verify_cost, k_max: int,
+              depth: Callable[[int], int] = lambda k: k) -> tuple[float, int]:
+    """One sequence's best (expected tokens per second, draft length k) over k in [0, k_max]; k = 0 is
+    plain decoding, 1 / v(1). Used to compare drafters for a sequence (speculative/chain.py)."""
+    best_k, best, g, run, gain = 0, 1.0 / verify_cost(1), 1.0, 1.0, [1.0]
+    for x in alphas:
+        run *= x
+        g += run
+        gain.append(g)
+    for k in range(1, k_max + 1):
+        d = depth(k)
+        rate = gain[min(d, len(gain) - 1)] / (d * draft_cost + verify_cost(k + 1))
+        if rate > best:
+            best_k, best = k, rate
+    return best, best_k
+
+
 class DraftCost:
     """A drafter's measured seconds per drafting unit (one draft token, or one tree level) for each
     batch size, EMA-smoothed; a batch size seen for the first time is measured by ``calibrate(n)``

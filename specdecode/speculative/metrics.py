@@ -19,9 +19,18 @@ class SpecStats:
     drafted_per_position: list[int] = field(default_factory=list)
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
+    # per drafter ("none" = steps that drafted nothing): steps, draft_tokens, accepted_tokens, draft_time_s
+    by_drafter: dict[str, dict] = field(default_factory=dict)
 
-    def record(self, drafted: int, accepted: int, draft_time: float, verify_time: float) -> None:
-        """One verify step that checked ``drafted`` draft tokens (for a tree: its depth) and kept ``accepted``."""
+    def record(self, drafted: int, accepted: int, draft_time: float, verify_time: float, drafter: str = "") -> None:
+        """One verify step that checked ``drafted`` draft tokens (for a tree: its depth) and kept
+        ``accepted``; ``drafter``: the proposer that drafted them."""
+        d = self.by_drafter.setdefault(drafter if drafted else "none", {"steps": 0, "draft_tokens": 0,
+                                                                          "accepted_tokens": 0, "draft_time_s": 0.0})
+        d["steps"] += 1
+        d["draft_tokens"] += drafted
+        d["accepted_tokens"] += accepted
+        d["draft_time_s"] += draft_time
         self.steps += 1
         self.draft_steps += drafted > 0
         self.draft_tokens += drafted
@@ -65,4 +74,7 @@ class SpecStats:
             "accepted_per_position": list(self.accepted_per_position),
             "drafted_per_position": list(self.drafted_per_position),
             "draft_time_s": round(self.draft_time_s, 4), "verify_time_s": round(self.verify_time_s, 4),
+            "by_drafter": {k: {**v, "draft_time_s": round(v["draft_time_s"], 4),
+                               "acceptance_rate": round(v["accepted_tokens"] / v["draft_tokens"], 4)
+                               if v["draft_tokens"] else 0.0} for k, v in self.by_drafter.items()},
         }

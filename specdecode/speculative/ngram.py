@@ -27,6 +27,8 @@ def find_continuation(tokens: list[int], n: int, k: int) -> list[int]:
 
 
 class NgramProposer(Proposer):
+    draftless = True
+
     def __init__(self, spec: SpecConfig):
         self.name = spec.spec_type
         self.sizes = ([spec.ngram_size_n] if spec.spec_type == "ngram-simple"

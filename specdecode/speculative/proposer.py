@@ -7,6 +7,7 @@ import torch
 
 from ..sampling import DRAFT, RandomStream, draft_token
 from ..sampling_params import SamplingParams
+from .controller import AcceptanceEstimate
 from .tree import DraftTree
 
 
@@ -18,6 +19,7 @@ class SeqView(Protocol):
 
     prompt_ids: list[int]
     params: SamplingParams
+    acceptance: AcceptanceEstimate
     slot: int
     random: RandomStream | None
     draft_state: Any
@@ -52,6 +54,13 @@ class Proposer:
       costs over depth(k) positions, and verify costs over k + 1 rows.
     - ``reads_hidden``: the proposer reads the target's hidden states (EAGLE, MTP), and
       ``capture_layers`` names the decoder layers whose outputs it needs besides the final states.
+    - ``draftless``: it drafts from token statistics alone, in microseconds (n-gram kinds, suffix):
+      a chain of proposers runs it first (speculative/chain.py). ``discard(seq)``: the draft it just
+      proposed for seq will not be verified (a chain chose another member).
+    - The controller's hooks, whose defaults suit a single proposer: ``plan(seqs, rooms, value,
+      fixed)`` before the draft length is chosen (a chain picks members there); ``estimate(seq, k)``
+      the per-position acceptance estimates of a k-token draft; ``observe(seq, k, drafted,
+      accepted)`` after verification; ``drafted_by(seq)`` the name the step's statistics record.
     A proposer gets the target through a ``runtime.target.Target`` handle, never the engine."""
 
     name = "none"
@@ -61,6 +70,7 @@ class Proposer:
     # below --draft-p-min) leaves positions it was asked for undrafted; the controller counts them
     # as misses (they gained nothing, and in a batch they still cost their padded rows).
     chain_drafts = True
+    draftless = False
 
     def propose(self, seqs: list[SeqView], max_tokens: list[int]) -> list[DraftTree]:
         return [DraftTree.empty() for _ in seqs]
@@ -85,6 +95,25 @@ class Proposer:
     def max_tokens(self) -> int:
         """Upper bound on nodes per draft (the controller never asks for more)."""
         return 1 << 30
+
+    def discard(self, seq: SeqView) -> None:
+        pass
+
+    # -- the controller's hooks ---------------------------------------------------------------------
+    def plan(self, seqs: list[SeqView], rooms: list[int], value, fixed: bool = False) -> None:
+        pass
+
+    def estimate(self, seq: SeqView, k: int) -> list[float]:
+        return seq.acceptance.alphas(k)
+
+    def observe(self, seq: SeqView, k: int, drafted: int, accepted: int) -> None:
+        """k: the draft cap the controller set; drafted: the depth verified. A chain drafter asked for
+        k tokens that drafted fewer (no match, an unconfident token) missed the rest: in a batch they
+        still cost their padded rows."""
+        seq.acceptance.observe(max(k, drafted) if self.chain_drafts else drafted, accepted)
+
+    def drafted_by(self, seq: SeqView) -> str:
+        return self.name
 
 
 def extend_chain(tokens: list[int], qs: list, logits, seq: SeqView, p_min: float, max_tokens: int) -> bool:

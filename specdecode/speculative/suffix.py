@@ -1,0 +1,120 @@
+"""--spec-type suffix: suffix-tree speculation (SuffixDecoding, Oliaro et al., arXiv 2411.04975), as
+vLLM's ``suffix`` method runs it, on Snowflake's C++ suffix trees (``arctic_inference``).
+
+One cache for the engine holds a suffix tree per active request (its prompt and output so far) and
+a global tree of the outputs of recent finished requests. A proposal matches the last tokens of the
+request against both and returns a tree of likely continuations; its size follows the match:
+at most ``max_spec_factor`` x the matched length (vLLM's adaptive speculation length), only
+branches whose empirical probability reaches ``min_token_prob``. Deterministic drafts.
+
+arctic_inference is installed by install.sh (its sdist builds on any CPU with a C++20 compiler;
+see the README); without it, --spec-type suffix is a clear error and ``auto`` leaves it out."""
+from __future__ import annotations
+
+import itertools
+import time
+
+from ..config import SpecConfig
+from ..errors import InvalidRequestError
+from .controller import ema
+from .proposer import Proposer
+from .tree import DraftTree
+
+
+def available() -> bool:
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class SuffixProposer(Proposer):
+    name = "suffix"
+    draftless = True
+
+    def __init__(self, spec: SpecConfig):
+        try:
+            from arctic_inference.suffix_decoding import SuffixDecodingCache
+        except ImportError:
+            raise InvalidRequestError("--spec-type suffix needs the arctic-inference package: run ./install.sh "
+                                      "(it builds it for this machine)") from None
+        self.spec = spec
+        self.cache = SuffixDecodingCache(max_tree_depth=spec.suffix_max_tree_depth,
+                                         max_cached_requests=spec.suffix_max_cached_requests)
+        self._ids = itertools.count()
+        self._cost = 0.0
+
+    def _start(self, seq) -> int:
+        """The request's id in the cache, starting it (prompt + output so far) on first use."""
+        if seq.draft_state is None:
+            seq.draft_state = [next(self._ids), len(seq.tokens)]  # [request id, tokens the cache has]
+            self.cache.start_request(seq.draft_state[0], seq.prompt_ids)
+            if len(seq.tokens) > len(seq.prompt_ids):
+                self.cache.add_active_response(seq.draft_state[0], seq.tokens[len(seq.prompt_ids):])
+        return seq.draft_state[0]
+
+    def _sync(self, seq) -> int:
+        rid = self._start(seq)
+        have = seq.draft_state[1]
+        if have < len(seq.tokens):
+            self.cache.add_active_response(rid, seq.tokens[have:])
+            seq.draft_state[1] = len(seq.tokens)
+        return rid
+
+    def prefill(self, seq, start, end, hidden=None):
+        self._start(seq)
+
+    def propose(self, seqs, max_tokens):
+        t0 = time.perf_counter()
+        trees = []
+        depth = self.spec.suffix_max_tree_depth
+        for seq, k in zip(seqs, max_tokens):
+            if k <= 0:
+                trees.append(DraftTree.empty())
+                continue
+            rid = self._sync(seq)
+            d = self.cache.speculate(rid, seq.tokens[-depth:], max_spec_tokens=k,
+                                     max_spec_factor=self.spec.suffix_max_spec_factor,
+                                     min_token_prob=self.spec.suffix_min_token_prob, use_tree_spec=True)
+            trees.append(_tree(list(d.token_ids), list(d.parents), k))
+        self._cost = ema(self._cost, (time.perf_counter() - t0) / max(1, sum(max_tokens)))
+        return trees
+
+    def commit(self, seq, num_accepted, hidden=None):
+        if seq.draft_state is not None:
+            self._sync(seq)
+
+    def release(self, seq):
+        if seq.draft_state is not None:
+            self._sync(seq)
+            self.cache.stop_request(seq.draft_state[0])  # its output joins the global tree
+        seq.draft_state = None
+
+    def draft_cost(self, n_seqs: int = 1) -> float:
+        return self._cost * n_seqs
+
+
+def _tree(tokens: list[int], parents: list[int], k: int) -> DraftTree:
+    """A DraftTree of at most k nodes from the cache's (tokens, parents: index or -1), parents first."""
+    order = sorted(range(len(tokens)), key=lambda i: _depth(parents, i))[:k] if any(
+        p >= i for i, p in enumerate(parents)) else list(range(min(k, len(tokens))))
+    keep = set(order)
+    order = [i for i in order if _ancestors_kept(parents, i, keep)]
+    index = {old: new for new, old in enumerate(order)}
+    return DraftTree([tokens[i] for i in order], [index[parents[i]] if parents[i] >= 0 else -1 for i in order])
+
+
+def _depth(parents: list[int], i: int) -> int:
+    d = 0
+    while parents[i] >= 0:
+        i, d = parents[i], d + 1
+    return d
+
+
+def _ancestors_kept(parents: list[int], i: int, keep: set) -> bool:
+    while parents[i] >= 0:
+        i = parents[i]
+        if i not in keep:
+            return False
+    return True
