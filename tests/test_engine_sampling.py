@@ -1,0 +1,155 @@
+"""Sampling through the whole engine has the target's distribution, for every proposer.
+
+The acceptance rule's own statistical test (test_accept.py) checks the rule alone. This one runs the
+engine end to end on the real SmolLM2-135M in float32 (on the int4 path batched and one-row forwards
+round differently, and top-k turns such differences into different supports: a batch-invariance
+question, not a rule question): batch 16 (and 1), prefix caching on (every request shares the
+prompt, so later ones reuse the first one's KV), --draft-fixed so that every step verifies a draft,
+chains and trees. Plain decoding draws one sample set, each configuration another, with disjoint
+seeds; a two-sample chi-square test on the joint of the first three tokens (T = 2, top-k 3: at most
+27 cells, cells expected below 5 pooled) must not tell them apart. Threshold: p > 1e-3 for each of
+the ~10 comparisons, so a correct engine fails this with probability about 1 % for a given seed set;
+the seeds are fixed, so the outcome is reproducible. The same test must reject a deliberately
+wrong rule (one random number reused at every position of a draft, which correlates the tokens)."""
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+
+from specdecode import SamplingParams
+
+N = 480
+ALPHA = 1e-3
+PROMPT_TEXT = "1 2 3 1 2 3 1 2 3 1 2"
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from specdecode import LLM
+    from specdecode.kernels import native_kernels  # noqa: F401  (imported for its build, as other tests)
+    from specdecode.loader import load_checkpoint
+    try:
+        from specdecode.store import resolve_model
+        path = str(resolve_model("smollm2-135m-instruct", quiet=True))
+    except Exception as e:  # no network: optional
+        pytest.skip(f"SmolLM2 GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    torch.set_num_threads(2)
+    plain = LLM(path, spec_type="none", quant="none", dtype="float32", max_model_len=256, max_num_seqs=16)
+    draft = load_checkpoint(path, torch.float32, "cpu", "int4")  # a draft whose q differs from p
+    return path, plain, draft
+
+
+def sample(llm, seeds, batch: int = 16) -> Counter:
+    """The first three tokens of one request per seed, ``batch`` requests in flight at a time; the
+    draft tokens verified on the way are counted under the key "drafted"."""
+    eng = llm.engine
+    prompt = llm.tokenizer.encode(PROMPT_TEXT)
+    out, pending, drafted = Counter(), list(seeds), 0
+    while pending:
+        seqs = [eng.add_request(prompt, SamplingParams(temperature=2.0, top_k=3, max_tokens=3, seed=s,
+                                                       ignore_eos=True)) for s in pending[:batch]]
+        pending = pending[batch:]
+        while eng.has_work():
+            eng.step()
+        out.update(tuple(s.output_ids) for s in seqs)
+        drafted += sum(s.stats.draft_tokens for s in seqs)
+    out.drafted = drafted
+    return out
+
+
+def two_sample_pvalue(a: Counter, b: Counter) -> float:
+    """Chi-square test of homogeneity for two samples over the same cells (expected < 5 pooled)."""
+    cells = sorted(set(a) | set(b))
+    na, nb = sum(a.values()), sum(b.values())
+    rows, pooled = [], [0, 0]
+    for c in cells:
+        x, y = a[c], b[c]
+        if (x + y) * min(na, nb) / (na + nb) < 5:
+            pooled[0] += x
+            pooled[1] += y
+        else:
+            rows.append((x, y))
+    if sum(pooled):
+        rows.append(tuple(pooled))
+    stat = 0.0
+    for x, y in rows:
+        tot = x + y
+        for obs, n in ((x, na), (y, nb)):
+            exp = tot * n / (na + nb)
+            stat += (obs - exp) ** 2 / exp
+    df = len(rows) - 1
+    if df < 1:
+        return 1.0
+    from scipy.stats import chi2
+    return float(chi2.sf(stat, df))
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2):
+    return sample(smollm2[1], range(N))
+
+
+CONFIGS = {
+    "ngram-simple": dict(spec_type="ngram-simple", ngram_size_n=1),
+    "ngram": dict(spec_type="ngram"),
+    "ngram-mod": dict(spec_type="ngram-mod", ngram_mod_n_match=2),
+    "suffix": dict(spec_type="suffix"),
+    "draft (sampled q)": dict(spec_type="draft"),
+    "eagle3 chain": dict(spec_type="eagle3", num_steps=3, eagle_topk=1, num_draft_tokens=4),
+    "eagle3 tree": dict(spec_type="eagle3", num_steps=3, eagle_topk=2, num_draft_tokens=6),
+    "chain suffix,ngram-mod,draft": dict(spec_type="suffix,ngram-mod,draft", ngram_mod_n_match=2),
+}
+
+
+def build(smollm2, **kw):
+    from specdecode import LLM
+
+    path, plain, draft = smollm2
+    if "suffix" in kw["spec_type"]:
+        from specdecode.speculative.suffix import available
+        if not available():
+            pytest.skip("arctic-inference not installed")
+    uses_draft = "draft" in kw["spec_type"].split(",")
+    return LLM("smollm2-135m-instruct", quant="none", dtype="float32", max_model_len=256, max_num_seqs=16,
+               draft_fixed=True, draft_max=3, model_draft=path if uses_draft else None,
+               _model=plain.engine.model, _tokenizer=plain.tokenizer, _draft=draft if uses_draft else None, **kw)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_engine_sampling_matches_plain_decoding(smollm2, reference, name):
+    llm = build(smollm2, **CONFIGS[name])
+    got = sample(llm, range(10**6, 10**6 + N))
+    p = two_sample_pvalue(reference, got)
+    assert p > ALPHA, (name, p, reference.most_common(5), got.most_common(5))
+    assert got.drafted > N  # drafts were verified: the rule really ran
+
+
+def test_engine_sampling_at_batch_one(smollm2, reference):
+    llm = build(smollm2, spec_type="ngram-simple", ngram_size_n=1)
+    got = sample(llm, range(2 * 10**6, 2 * 10**6 + N // 3), batch=1)
+    assert two_sample_pvalue(reference, got) > ALPHA
+
+
+def test_a_wrong_rule_is_caught(smollm2, reference, monkeypatch):
+    """One random number reused at every depth of the exact-match walk: tokens of one step become
+    correlated, and the joint of the first three tokens is no longer the target's."""
+    import specdecode.speculative.verify as verify
+
+    real = verify._exact_match
+    monkeypatch.setattr(verify, "_exact_match",
+                        lambda tokens, par, probs, u: real(tokens, par, probs, u[:, :1].expand_as(u)))
+    llm = build(smollm2, spec_type="ngram-simple", ngram_size_n=1)
+    got = sample(llm, range(3 * 10**6, 3 * 10**6 + N))
+    assert two_sample_pvalue(reference, got) < ALPHA
+
+
+def test_chi_square_helper():
+    a = Counter({("x",): 50, ("y",): 50})
+    assert two_sample_pvalue(a, Counter({("x",): 48, ("y",): 52})) > 0.5
+    assert two_sample_pvalue(a, Counter({("x",): 90, ("y",): 10})) < 1e-6
+    assert math.isclose(two_sample_pvalue(a, a), 1.0)
