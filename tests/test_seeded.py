@@ -8,6 +8,7 @@ import torch
 
 from specdecode import SamplingParams
 from test_eagle import PROMPTS, forced_head, llm as eagle_llm, random_head, target
+from specdecode.speculative.suffix import available
 from tiny_models import tiny_llm
 
 PROMPT_A = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2, 3]  # repeats: n-gram drafts are found and often accepted
@@ -34,8 +35,12 @@ def plain_outputs():
             for s in range(4)}
 
 
-@pytest.mark.parametrize("spec_type, kw", [("ngram-simple", dict(draft_fixed=True, ngram_size_n=2)),
-                                           ("ngram", dict(draft_fixed=True)), ("ngram", {})])
+@pytest.mark.parametrize("spec_type, kw", [
+    ("ngram-simple", dict(draft_fixed=True, ngram_size_n=2)), ("ngram", dict(draft_fixed=True)), ("ngram", {}),
+    ("ngram-mod", dict(draft_fixed=True, ngram_mod_n_match=2)),
+    pytest.param("suffix", dict(draft_fixed=True), marks=pytest.mark.skipif(not available(), reason="no arctic")),
+    ("auto", dict(draft_fixed=True, ngram_mod_n_match=2)),
+    ("ngram,ngram-mod", dict(ngram_mod_n_match=2))])
 def test_seeded_text_is_plain_text_for_deterministic_drafts(plain_outputs, spec_type, kw):
     llm = tiny_llm(spec_type, **kw)
     drafted = 0
