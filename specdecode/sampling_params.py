@@ -12,6 +12,9 @@ from .errors import InvalidRequestError
 # Temperatures below this are treated as greedy, like vLLM's _SAMPLING_EPS: dividing logits by a
 # tiny temperature overflows float32, and the resulting distribution would be one-hot anyway.
 GREEDY_TEMPERATURE = 1e-5
+# Integer settings are bounded where they are validated, so that no value a client can send
+# overflows a tensor inside the shared engine step (a top-k past the vocabulary disables nothing).
+MAX_INT32 = (1 << 31) - 1
 
 
 @dataclass(frozen=True)
@@ -35,16 +38,17 @@ class SamplingParams:
         _check(_is_real(self.temperature) and self.temperature >= 0,
                f"temperature must be >= 0, got {self.temperature!r}")
         _check(_is_real(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(_is_int(self.top_k) and self.top_k >= -1,
-               f"top_k must be an integer >= -1 (0 or -1 disables it), got {self.top_k!r}")
+        _check(_is_int(self.top_k) and -1 <= self.top_k <= MAX_INT32,
+               f"top_k must be an integer in [-1, {MAX_INT32}] (0 or -1 disables it), got {self.top_k!r}")
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         _check(_is_real(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
-        _check(_is_int(self.max_tokens) and self.max_tokens >= 1,
+        _check(_is_int(self.max_tokens) and 1 <= self.max_tokens <= MAX_INT32,
                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _check(self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}")
+        _check(self.seed is None or (_is_int(self.seed) and -(1 << 63) <= self.seed < (1 << 64)),
+               f"seed must be a 64-bit integer, got {self.seed!r}")
         _check(all(isinstance(s, str) and s for s in stop), "stop must be a list of non-empty strings")
-        _check(all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
+        _check(all(_is_int(t) and 0 <= t <= MAX_INT32 for t in self.stop_token_ids),
                "stop_token_ids must be a list of non-negative integers")
 
     @property

@@ -38,6 +38,8 @@ def test_defaults_like_vllm():
     (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(top_k=-2), "top_k"), (dict(top_k=2.5), "top_k"),
     (dict(min_p=-0.1), "min_p"), (dict(min_p=1.1), "min_p"), (dict(max_tokens=0), "max_tokens"),
     (dict(seed="x"), "seed"), (dict(stop=("",)), "stop"), (dict(stop_token_ids=(-1,)), "stop_token_ids"),
+    (dict(top_k=1 << 63), "top_k"), (dict(seed=1 << 64), "seed"), (dict(max_tokens=1 << 40), "max_tokens"),
+    (dict(stop_token_ids=(1 << 40,)), "stop_token_ids"),
 ])
 def test_validation(kw, word):
     with pytest.raises(InvalidRequestError) as e:
@@ -164,3 +166,20 @@ def test_stop_across_chunks():
             break
         assert "<" not in streamed  # the partial "<", "<E" was held back
     assert s.stop_at == len("Hi there ") and streamed == "Hi there " and s.matched == "<END>"
+
+
+def test_extreme_but_valid_settings_run_in_a_batch():
+    """The largest values validation lets through (top-k far past the vocabulary, a 64-bit seed)
+    sample normally next to an ordinary request in one engine step."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_models import tiny_llm
+
+    eng = tiny_llm("ngram", max_num_seqs=2).engine
+    a = eng.add_request([1, 2, 3], SamplingParams(temperature=1.0, top_k=(1 << 31) - 1, seed=(1 << 64) - 1,
+                                                  max_tokens=5, ignore_eos=True))
+    b = eng.add_request([4, 5, 6], SamplingParams(temperature=0.7, seed=-(1 << 63), max_tokens=5, ignore_eos=True))
+    while eng.has_work():
+        eng.step()
+    assert len(a.output_ids) == len(b.output_ids) == 5
