@@ -105,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     except SpecDecodeError as e:
         print(f"specdecode: error: {e}", file=sys.stderr)
         return 1
+    except ModuleNotFoundError as e:  # an optional dependency (matplotlib for --plot, ...)
+        if not e.name or e.name.split(".")[0] == "specdecode":
+            raise
+        print(f"specdecode: error: this needs the {e.name.split('.')[0]} package: run `./install.sh bench` "
+              f"(or pip install {e.name.split('.')[0]})", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("specdecode: interrupted", file=sys.stderr)
         return 130

@@ -261,3 +261,15 @@ def test_a_built_wheel_carries_the_heads(tmp_path):
     for head in ("smollm2-135m-instruct-eagle3/model.safetensors", "smollm2-135m-instruct-eagle3/config.json",
                  "smollm2-mtp/mtp.safetensors", "smollm2-mtp/config.json"):
         assert f"specdecode/heads/{head}" in names, head
+
+
+def test_a_missing_optional_package_is_one_line(monkeypatch, capsys):
+    import specdecode.cli as cli
+
+    def needs_matplotlib(a):
+        raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+
+    monkeypatch.setattr(cli, "cmd_models", needs_matplotlib)
+    assert cli.main(["models"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "matplotlib" in err[0] and "install" in err[0]
