@@ -29,8 +29,8 @@ HUMANEVAL = ("HumanEval/0", "HumanEval/2", "HumanEval/12", "HumanEval/35")
 # llama.cpp's configurations: (label, extra llama-server flags); {draft} is the draft GGUF
 THEIRS = {
     "plain": [],
-    "draft4": ["-md", "{draft}", "--spec-draft-n-max", "4"],
-    "draft8": ["-md", "{draft}", "--spec-draft-n-max", "8"],
+    "draft4": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", "4"],
+    "draft8": ["--spec-type", "draft-simple", "-md", "{draft}", "--spec-draft-n-max", "8"],
     "ngram-simple": ["--spec-type", "ngram-simple"],
     "ngram-mod": ["--spec-type", "ngram-mod"],
 }
