@@ -3,7 +3,6 @@ cross-request gain of the shared pools, and a controller that picks the drafter 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdecode import SamplingParams
 from specdecode.config import SpecConfig
@@ -14,14 +13,6 @@ from tiny_models import tiny_llm
 GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5], [9, 8, 7, 9, 8, 7, 9, 8], list(range(10, 40))]
 needs_suffix = pytest.mark.skipif(not suffix.available(), reason="arctic-inference not installed")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -31,17 +31,18 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def smollm2():
     from specdecode import LLM
-    from specdecode.kernels import native_kernels  # noqa: F401  (imported for its build, as other tests)
     from specdecode.loader import load_checkpoint
     try:
         from specdecode.store import resolve_model
         path = str(resolve_model("smollm2-135m-instruct", quiet=True))
     except Exception as e:  # no network: optional
         pytest.skip(f"SmolLM2 GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    torch.set_num_threads(2)
+    n = torch.get_num_threads()
+    torch.set_num_threads(2)  # a real model: both cores pay here (conftest's one thread suits tiny ones)
     plain = LLM(path, spec_type="none", quant="none", dtype="float32", max_model_len=256, max_num_seqs=16)
     draft = load_checkpoint(path, torch.float32, "cpu", "int4")  # a draft whose q differs from p
-    return path, plain, draft
+    yield path, plain, draft
+    torch.set_num_threads(n)
 
 
 def sample(llm, seeds, batch: int = 16) -> Counter:

@@ -4,7 +4,6 @@ tokens are those plain sampling emits, alone or in a batch, whatever the drafts.
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specdecode import SamplingParams
 from test_eagle import PROMPTS, forced_head, llm as eagle_llm, random_head, target
@@ -18,14 +17,6 @@ PROMPT_B = [9, 8, 7, 9, 8, 7, 9, 8]
 def sampled(seed, **kw):
     return SamplingParams(temperature=kw.pop("temperature", 0.9), top_k=kw.pop("top_k", 30), max_tokens=32,
                           seed=seed, ignore_eos=True, **kw)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

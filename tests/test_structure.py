@@ -20,14 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls on a loaded 2-core machine: a second thread makes them slower
-    yield
-    torch.set_num_threads(n)
-
-
 # -- registries: a new format or architecture is one module ---------------------------------------
 
 def test_quant_formats_are_found_by_module_and_auto_picks_the_nearest():
