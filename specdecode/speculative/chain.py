@@ -33,11 +33,7 @@ class _View:
     def draft_state(self):
         return self._state[self._i]
 
-    @draft_state.setter
-    def draft_state(self, value):
-        self._state[self._i] = value
-
-    def __setattr__(self, name, value):
+    def __setattr__(self, name, value):  # (a property setter would never run: this comes first)
         if name == "draft_state":
             self._state[self._i] = value
         else:

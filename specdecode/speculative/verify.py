@@ -66,8 +66,9 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
                  draft_probs: torch.Tensor | None, generator: torch.Generator | None = None, *,
                  greedy: bool, u_target: torch.Tensor | None = None, u_coin: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The rule for B trees at once, without device syncs (pass ``parents`` on the CPU: its shape
-    decides which full-vocabulary updates are needed; the rest may live on the accelerator).
+    """The rule for B trees at once (pass ``parents`` on the CPU: its shape decides which
+    full-vocabulary updates are needed; the rest may live on the accelerator). The greedy and
+    multi-round walks make no device sync; the exact-match walk makes one per tree level reached.
 
     greedy=True: target_probs may be raw logits (only argmaxes are compared). greedy=False: the
     sampling rules, which with a one-hot row (a greedy request's processed distribution) make exactly
