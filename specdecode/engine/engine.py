@@ -5,6 +5,7 @@ together one speculative step at a time (continuous batching: sequences join and
 steps). Single-stream generation is the same loop with one request. Never imports server or CLI."""
 from __future__ import annotations
 
+import logging
 import secrets
 from collections import deque
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache
 from .sequence import Sequence
 from .spec_step import speculative_step
+
+log = logging.getLogger("specdecode")
 
 
 @dataclass
@@ -63,6 +66,8 @@ class Engine:
         if mc.sliding_window is not None and self.max_model_len > mc.sliding_window:
             # Every attention path attends the whole prefix; past its window such a model would
             # silently attend too far, so the context is capped at the window instead.
+            log.warning("the model attends a sliding window of %d tokens, which specdecode does not "
+                        "implement: the context is capped at %d tokens", mc.sliding_window, mc.sliding_window)
             self.max_model_len = mc.sliding_window
         margin = max(cfg.spec.draft_max, cfg.spec.num_draft_tokens) + 1  # verify writes past the committed length
         slot_len = self.max_model_len + margin
