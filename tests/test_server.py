@@ -298,3 +298,32 @@ def test_bench_serve(server, tmp_path):
                                      load_prompts(prompts), [1, 2], 2, {"max_tokens": 6, "temperature": 0})
     assert set(results) == {"none", "draft"} and results["draft"][2]["tau"] > 1.0
     assert {r["completion_tokens"] for r in records} == {6}
+
+
+def test_limits_on_bodies_and_stop_strings(server):
+    """A body over the cap is refused before it is read whole (413), stop strings are capped at
+    OpenAI's four; both are OpenAI-style errors, and the server goes on serving."""
+    from specdecode.server.app import MAX_BODY_BYTES
+
+    r = httpx.post(f"{server.url}/v1/completions", headers=AUTH, timeout=60,
+                   json={"model": MODEL, "prompt": "x" * (MAX_BODY_BYTES + 10), "max_tokens": 2})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    for stop in (["a", "b", "c", "d", "e"], ["x" * 2000]):
+        r = httpx.post(f"{server.url}/v1/completions", headers=AUTH, json=hi(stop=stop) | {"prompt": "abc"})
+        assert r.status_code == 400 and "stop" in r.json()["error"]["message"]
+    assert chat(server, "still here", max_tokens=2, stop=["a", "b", "c", "d"]).choices[0].message is not None
+
+
+def test_a_failed_stream_does_not_echo_internal_detail(server):
+    engine, real = server.engine, server.engine.step
+
+    def fail_once():
+        engine.step = real
+        raise RuntimeError("Overflow when unpacking long long")
+
+    engine.step = fail_once
+    with httpx.stream("POST", f"{server.url}/v1/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "prompt": "abc", "max_tokens": 4, "stream": True}) as r:
+        body = "".join(r.iter_text())
+    assert "generation failed" in body and "Overflow" not in body
+    wait_idle(engine)

@@ -70,7 +70,11 @@ class _StreamWithCleanup(StreamingResponse):
             self.on_close()
 
 
-def create_app(engine: Engine, model_names: list[str], api_key: str | None = None) -> FastAPI:
+MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is parsed
+
+
+def create_app(engine: Engine, model_names: list[str], api_key: str | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     """``model_names[0]`` is the name /v1/models lists; requests may use any of them."""
     worker = EngineWorker(engine)
     metrics = ServerMetrics(worker)
@@ -140,9 +144,23 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    async def read_body(request: Request) -> bytes:
+        """The body, refused with 413 as soon as it is known to exceed max_body_bytes."""
+        too_big = ApiError(413, f"the request body exceeds {max_body_bytes} bytes", code="request_too_large")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
+
     async def parse(request: Request, schema: type[BaseModel]):
         try:
-            req = schema.model_validate_json(await request.body())
+            req = schema.model_validate_json(await read_body(request))
         except ValidationError as e:
             raise ApiError(400, _describe(e)) from None
         req.check_supported()
@@ -154,16 +172,18 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     @app.post("/v1/chat/completions", dependencies=auth)
     async def chat_completions(request: Request):
         req = await parse(request, ChatRequest)
-        text = tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
-        # the template wrote any BOS it wants: encoding must not add another
-        ids = tokenizer.encode(text, add_special_tokens=False)
+
+        def encode() -> list[int]:  # templating and tokenizing a long prompt take a while: off the loop
+            text = tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
+            return tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS it wants
+        ids = await asyncio.to_thread(encode)
         return await generate(request, req, ids, ResponseBuilder(True, req.model), "chat")
 
     @app.post("/v1/completions", dependencies=auth)
     async def completions(request: Request):
         req = await parse(request, CompletionRequest)
         prompt = req.single_prompt()
-        ids = list(prompt) if isinstance(prompt, list) else tokenizer.encode(prompt)
+        ids = list(prompt) if isinstance(prompt, list) else await asyncio.to_thread(tokenizer.encode, prompt)
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
         return await generate(request, req, ids, ResponseBuilder(False, req.model), "completions")
@@ -219,7 +239,11 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
             if kind == "delta":
                 yield _sse(rb.chunk(value, with_usage=include_usage))
             elif kind == "error":  # headers are gone: report in the stream, as OpenAI and vLLM do
-                yield _sse(error_body(f"generation failed: {value}", "internal_error"))
+                if isinstance(value, SpecDecodeError):
+                    message = str(value)
+                else:  # internal detail stays in the log (the worker logged it), not in the response
+                    message = "generation failed (internal error)"
+                yield _sse(error_body(message, "internal_error"))
                 break
             else:
                 seq = handle.seq

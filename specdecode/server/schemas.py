@@ -15,6 +15,9 @@ from ..errors import InvalidRequestError
 from ..sampling_params import SamplingParams
 
 
+MAX_STOP, MAX_STOP_CHARS = 4, 1024  # OpenAI's 4 stop sequences; each checked after every token
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -59,6 +62,9 @@ class BaseRequest(_Strict):
             raise InvalidRequestError("presence_penalty and frequency_penalty are not supported")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stop) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in stop):
+            raise InvalidRequestError(f"stop takes at most {MAX_STOP} strings of at most {MAX_STOP_CHARS} characters")
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """Unset fields take OpenAI's defaults (temperature 1, top_p 1); SamplingParams validates."""
