@@ -96,10 +96,8 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
         par[b, :len(t)] = torch.tensor(t.parents, dtype=torch.long)
     rows = logits[:, :n + 1]  # [B, n + 1, V]
     greedy = all(s.params.greedy for s in seqs)
-    draft = None
-    if greedy:
-        probs = rows
-    else:
+    probs, draft, u_target, u_coin = rows, None, None, None
+    if not greedy:
         V = rows.shape[-1]
         probs = process_logits(rows.reshape(-1, V), [s.params for s in seqs for _ in range(n + 1)]).view(B, n + 1, V)
         if any(t.draft_probs is not None for t in trees):  # zero rows: deterministic nodes (accept_batch)
@@ -107,8 +105,6 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
             for b, t in enumerate(trees):
                 if t.draft_probs is not None:
                     draft[b, :len(t)] = t.draft_probs.to(draft)
-    u_target = u_coin = None
-    if not greedy:
         depth = max((max(t.depths(), default=0) for t in trees), default=0)
         u_target, u_coin = torch.zeros(B, depth + 1), torch.zeros(B, n)
         for b, (s, t) in enumerate(zip(seqs, trees)):

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from ..layers.quant import FORMATS, format_names
+from ..layers.quant import FORMATS, device_kernel, format_names
 from .config import Architecture, ModelConfig
 
 
@@ -41,7 +41,7 @@ def _layer_kernel(quant: str, device: torch.device) -> str:
     """The native kernels are CPU code; elsewhere PyTorch's, where they pass their check on this device."""
     if device.type == "cpu":
         return "auto"
-    return FORMATS[quant].layer.device_kernel(str(device))
+    return device_kernel(quant, str(device))
 
 
 def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module:

@@ -80,9 +80,11 @@ class CostModel:
         return s * (batch * tokens) / (b * t)
 
 
-def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
-                              k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> int:
-    """One draft length for a batch verified in one forward: argmax_k sum_b E_b(depth(k)) / C(k).
+def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
+                            k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> tuple[float, int]:
+    """(rate, k): the batch's best expected tokens per second and the draft length giving it, for one
+    draft length shared by a batch verified in one forward: argmax_k sum_b E_b(depth(k)) / C(k),
+    over k in {0} ∪ [max(k_min, 1), k_max]; k = 0 is plain decoding, B / v(1).
 
     Rows are padded to the longest draft, so every sequence pays for the batch's k + 1 tokens
     whatever its own draft: choosing per sequence would let one sequence's long draft cost the whole
@@ -105,24 +107,20 @@ def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, veri
         rate = sum(g[min(d, len(g) - 1)] for g in gain) / (d * draft_cost + verify_cost(k + 1))
         if rate > best:
             best_k, best = k, rate
-    return best_k
+    return best, best_k
+
+
+def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
+                              k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> int:
+    """The draft length of best_batch_draft_length."""
+    return best_batch_draft_length(alphas, draft_cost, verify_cost, k_max, k_min, depth)[1]
 
 
 def best_rate(alphas: list[float], draft_cost: float, verify_cost, k_max: int,
               depth: Callable[[int], int] = lambda k: k) -> tuple[float, int]:
     """One sequence's best (expected tokens per second, draft length k) over k in [0, k_max]; k = 0 is
     plain decoding, 1 / v(1). Used to compare drafters for a sequence (speculative/chain.py)."""
-    best_k, best, g, run, gain = 0, 1.0 / verify_cost(1), 1.0, 1.0, [1.0]
-    for x in alphas:
-        run *= x
-        g += run
-        gain.append(g)
-    for k in range(1, k_max + 1):
-        d = depth(k)
-        rate = gain[min(d, len(gain) - 1)] / (d * draft_cost + verify_cost(k + 1))
-        if rate > best:
-            best_k, best = k, rate
-    return best, best_k
+    return best_batch_draft_length([alphas], draft_cost, verify_cost, k_max, 0, depth)
 
 
 class DraftCost:

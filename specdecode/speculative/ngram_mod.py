@@ -13,6 +13,7 @@ went stale: after adding a prompt, more than 25 % occupancy wipes it; five draft
 request with under 25 % acceptance wipe it too."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -85,8 +86,6 @@ class NgramModProposer(Proposer):
         st.added = max(st.added, upto)
 
     def propose(self, seqs, max_tokens):
-        import time
-
         t0 = time.perf_counter()
         trees = []
         for seq, k in zip(seqs, max_tokens):

@@ -96,11 +96,13 @@ class SuffixProposer(Proposer):
 
 
 def _tree(tokens: list[int], parents: list[int], k: int) -> DraftTree:
-    """A DraftTree of at most k nodes from the cache's (tokens, parents: index or -1), parents first."""
-    order = sorted(range(len(tokens)), key=lambda i: _depth(parents, i))[:k] if any(
-        p >= i for i, p in enumerate(parents)) else list(range(min(k, len(tokens))))
-    keep = set(order)
-    order = [i for i in order if _ancestors_kept(parents, i, keep)]
+    """A DraftTree of at most k nodes from the cache's (tokens, parents: index or -1). Nodes are put in
+    depth order (stable) unless parents already precede children; either way the first k nodes hold
+    every ancestor of each of them."""
+    order = list(range(len(tokens)))
+    if any(p >= i for i, p in enumerate(parents)):
+        order.sort(key=lambda i: _depth(parents, i))
+    order = order[:k]
     index = {old: new for new, old in enumerate(order)}
     return DraftTree([tokens[i] for i in order], [index[parents[i]] if parents[i] >= 0 else -1 for i in order])
 
@@ -110,11 +112,3 @@ def _depth(parents: list[int], i: int) -> int:
     while parents[i] >= 0:
         i, d = parents[i], d + 1
     return d
-
-
-def _ancestors_kept(parents: list[int], i: int, keep: set) -> bool:
-    while parents[i] >= 0:
-        i = parents[i]
-        if i not in keep:
-            return False
-    return True
