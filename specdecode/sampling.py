@@ -5,7 +5,6 @@ verifier runs it on both the target's and the draft's logits, so the p and q it 
 processed identically; acceptance is lossless with respect to exactly this processed p."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -140,43 +139,67 @@ def _param_columns(rows: list[SamplingParams], device) -> tuple[torch.Tensor, ..
             col([p.top_p for p in rows], torch.float32), col([p.min_p for p in rows], torch.float32))
 
 
-@dataclass(frozen=True)
-class StopStatus:
-    stop_at: int | None  # cut the text here (text[:stop_at] is final), None = no stop string yet
-    safe: int  # text[:safe] can be streamed now; == stop_at when stopped
-    matched: str | None  # the stop string that ended the output
+def _failure(s: str) -> list[int]:
+    """Knuth-Morris-Pratt failure table: f[i] = length of the longest proper prefix of s[:i + 1]
+    that is also its suffix."""
+    f, k = [0] * len(s), 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = f[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        f[i] = k
+    return f
 
 
 class StopChecker:
-    """Finds stop strings in the accumulated output text.
+    """Streams a request's output text through its stop strings, one piece at a time.
 
     When several stop strings occur, the one whose match *ends* first wins (ties: the one starting
-    first). That is what checking after every single character would give, so the result does not
-    depend on how text arrives in chunks — speculative decoding can add several tokens at once and
-    must still cut exactly where plain decoding would. While no stop string has completed, a tail
-    that could be the start of one is held back from streaming."""
+    first). That is what checking after every single character gives, so the result does not depend
+    on how text arrives in pieces: speculative decoding adds several tokens at once and must still
+    cut exactly where plain decoding would. Each stop string has a Knuth-Morris-Pratt matcher whose
+    state is the longest suffix of the text so far that is a prefix of it, so every character is
+    looked at once (amortised), however long the output grows. That suffix is held back from
+    streaming while no stop string has completed: it may still become one."""
 
     def __init__(self, stop: tuple[str, ...]):
         self.stop = tuple(s for s in stop if s)
+        self._fail = [_failure(s) for s in self.stop]
+        self._state = [0] * len(self.stop)
+        self._first = frozenset(s[0] for s in self.stop)
+        self.held = ""  # text not released yet: the start of a possible stop string
+        self.matched: str | None = None  # the stop string that ended the text
 
-    def check(self, text: str, checked: int = 0) -> StopStatus:
-        """``checked``: length of a prefix of ``text`` already checked without a match (the caller's
-        previous text length), so only the new end of the text is searched."""
-        best: tuple[int, int, str] | None = None  # (end, start, stop string)
-        for s in self.stop:
-            start = text.find(s, max(0, checked - len(s) + 1))
-            if start >= 0 and (best is None or (start + len(s), start) < best[:2]):
-                best = (start + len(s), start, s)
-        if best is not None:
-            return StopStatus(best[1], best[1], best[2])
-        return StopStatus(None, len(text) - self._partial_tail(text), None)
+    def feed(self, text: str) -> str:
+        """Appends ``text`` to the stream and returns what can be released now. Once a stop string
+        has completed (``matched``), the release ends just before it and later text is ignored."""
+        if self.matched is not None:
+            return ""
+        if not self.stop:
+            return text
+        stream, base = self.held + text, len(self.held)
+        state, stops, fail = self._state, self.stop, self._fail
+        for i, c in enumerate(text):
+            if c not in self._first and not any(state):
+                continue  # the common case: nothing started and c starts no stop string
+            best = -1
+            for j, s in enumerate(stops):
+                k = state[j]
+                while k and s[k] != c:
+                    k = fail[j][k - 1]
+                k += s[k] == c
+                state[j] = k
+                if k == len(s) and (best < 0 or len(s) > len(stops[best])):
+                    best = j
+            if best >= 0:
+                self.matched, self.held = stops[best], ""
+                return stream[:base + i + 1 - len(stops[best])]
+        cut = len(stream) - max(state)
+        self.held = stream[cut:]
+        return stream[:cut]
 
-    def _partial_tail(self, text: str) -> int:
-        """Length of the longest suffix of text that is a proper prefix of some stop string."""
-        longest = 0
-        for s in self.stop:
-            for k in range(min(len(s) - 1, len(text)), longest, -1):
-                if text.endswith(s[:k]):
-                    longest = k
-                    break
-        return longest
+    def flush(self) -> str:
+        """The text ended without a stop string: releases what was held back."""
+        out, self.held = self.held, ""
+        return out

@@ -136,36 +136,97 @@ def test_sample_greedy_rows_and_zero_probabilities():
 
 def test_stop_cut_and_earliest_end_wins():
     sc = StopChecker(("END", "\n\n"))
-    s = sc.check("hello END world")
-    assert (s.stop_at, s.safe, s.matched) == (6, 6, "END")
+    assert sc.feed("hello END world") == "hello " and sc.matched == "END"
+    assert sc.feed("more") == ""  # the text has ended
     # Both complete in one chunk: "c" ends first, so plain decoding would have stopped there.
-    s = StopChecker(("abcd", "c")).check("xabcd")
-    assert (s.stop_at, s.matched) == (3, "c")
+    sc = StopChecker(("abcd", "c"))
+    assert sc.feed("xabcd") == "xab" and sc.matched == "c"
     # Same end: the one starting first wins (cuts more).
-    assert StopChecker(("c", "bc")).check("abcx").stop_at == 1
+    sc = StopChecker(("c", "bc"))
+    assert sc.feed("abcx") == "a" and sc.matched == "bc"
 
 
 def test_stop_partial_match_held_back():
-    sc = StopChecker(("</s>", "STOP"))
-    s = sc.check("text </")
-    assert s.stop_at is None and s.safe == 5  # "</" may become "</s>"
-    assert sc.check("text ST").safe == 5
-    assert sc.check("text S!").safe == 7
-    assert sc.check("").safe == 0
+    def released(text):
+        return StopChecker(("</s>", "STOP")).feed(text)
+
+    assert released("text </") == "text "  # "</" may become "</s>"
+    assert released("text ST") == "text "
+    assert released("text S!") == "text S!"
+    assert released("") == ""
+    sc = StopChecker(("</s>",))
+    assert sc.feed("a</") == "a" and sc.flush() == "</" and sc.matched is None
 
 
 def test_stop_across_chunks():
     sc = StopChecker(("<END>",))
-    text, streamed, checked = "", "", 0
+    streamed = ""
     for chunk in ["Hi th", "ere <", "E", "ND> trailing"]:
-        text += chunk
-        s = sc.check(text, checked)
-        checked = len(text)
-        streamed = text[:s.safe]
-        if s.stop_at is not None:
+        streamed += sc.feed(chunk)
+        if sc.matched is not None:
             break
         assert "<" not in streamed  # the partial "<", "<E" was held back
-    assert s.stop_at == len("Hi there ") and streamed == "Hi there " and s.matched == "<END>"
+    assert streamed == "Hi there " and sc.matched == "<END>"
+
+
+def _stop_reference(text: str, stop: tuple[str, ...]) -> tuple[str, str | None]:
+    """What checking the whole text after every character gives: the cut and the stop string."""
+    for end in range(1, len(text) + 1):
+        hits = [s for s in stop if s and text[:end].endswith(s)]
+        if hits:
+            s = max(hits, key=len)  # same end: the one starting first
+            return text[:end - len(s)], s
+    return text, None
+
+
+def test_incremental_stop_check_matches_whole_text_scan():
+    """Random texts over a small alphabet (so stop strings overlap themselves and each other), cut
+    into random pieces: the incremental matcher releases exactly the whole-text answer, and never
+    releases text that a later stop string then claims."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(400):
+        stop = tuple("".join(rng.choice("ab") for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 4)))
+        text = "".join(rng.choice("abc") for _ in range(rng.randint(0, 40)))
+        sc, out, i = StopChecker(stop), "", 0
+        while i < len(text) and sc.matched is None:
+            n = rng.randint(0, 6)
+            out += sc.feed(text[i:i + n])
+            i += n
+            assert _stop_reference(text, stop)[0].startswith(out)
+        if sc.matched is None:
+            out += sc.flush()
+        assert (out, sc.matched) == _stop_reference(text, stop), (text, stop)
+
+
+def test_a_sequence_cuts_at_a_stop_string_however_its_tokens_arrive():
+    """Speculative steps append several tokens at once: the text, its streamed pieces and the
+    finish reason are those of appending one token at a time, with stop strings straddling tokens."""
+    import random
+
+    from specdecode.engine.sequence import Sequence
+    from specdecode.tokenizer.detok import StreamingDetokenizer
+    from tiny_models import CharTokenizer
+
+    tok, rng = CharTokenizer(100), random.Random(1)
+    for _ in range(200):
+        ids = tok.encode("".join(rng.choice("abc") for _ in range(30)))
+        stop = tuple("".join(rng.choice("abc") for _ in range(rng.randint(2, 4))) for _ in range(2))
+        runs = []
+        for groups in ([1] * len(ids), [rng.randint(1, 5) for _ in ids]):
+            seq = Sequence([0], SamplingParams(temperature=0, max_tokens=25, stop=stop), StreamingDetokenizer(tok),
+                           frozenset())
+            i, pieces = 0, []
+            for g in groups:
+                if seq.finished:
+                    break
+                pieces.append(seq.append(ids[i:i + g]))
+                i += g
+            assert "".join(pieces) == seq.text
+            runs.append((seq.text, seq.finish_reason))
+        assert runs[0] == runs[1], (tok.decode(ids), stop)
+        assert runs[0][0] == _stop_reference(tok.decode(ids[:25]), stop)[0]
 
 
 def test_extreme_but_valid_settings_run_in_a_batch():

@@ -40,8 +40,7 @@ class Sequence:
     t_finished: float | None = None
 
     def __post_init__(self):
-        self.stop = StopChecker(tuple(self.params.stop))
-        self._pending_text = ""  # decoded text held back as a possible stop-string prefix
+        self.stop = StopChecker(tuple(self.params.stop))  # holds back a possible stop string's start
 
     @property
     def tokens(self) -> list[int]:
@@ -66,37 +65,24 @@ class Sequence:
             if self.finished:
                 break
             self.output_ids.append(t)
-            is_eos = (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids
-            if is_eos:
+            piece = ""
+            if (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids:
                 self.finish_reason = "stop"
             else:
-                delta += self.detok.add(t)
+                piece = self.detok.add(t)
             if not self.finished and (len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_len):
                 self.finish_reason = "length"
             if self.finished:
-                delta += self.detok.flush()
-            delta = self._apply_stop_strings(delta)
+                piece += self.detok.flush()
+            delta += self.stop.feed(piece)  # only the new text is scanned
+            if self.stop.matched is not None:
+                self.finish_reason = "stop"
+            elif self.finished:
+                delta += self.stop.flush()
         if self.finished:
             self.t_finished = time.perf_counter()
         self.text += delta
         return delta
-
-    def _apply_stop_strings(self, delta: str) -> str:
-        if not self.params.stop:
-            return delta
-        text = self._pending_text + delta
-        full = self.text + text
-        status = self.stop.check(full, checked=len(self.text))
-        if status.stop_at is not None:
-            self.finish_reason = "stop"
-            self._pending_text = ""
-            return full[len(self.text):status.stop_at]
-        if self.finished:
-            self._pending_text = ""
-            return text
-        visible = max(status.safe - len(self.text), 0)
-        self._pending_text = text[visible:]
-        return text[:visible]
 
     def abort(self) -> None:
         if not self.finished:
