@@ -69,6 +69,8 @@ class LLM:
         try:
             while not seq.finished:
                 for out in self.engine.step():
+                    if out.seq is seq and out.error is not None:
+                        raise out.error
                     if out.seq is seq and out.delta:
                         yield out.delta
         finally:
@@ -81,8 +83,11 @@ class LLM:
         single = isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
         plist = [prompts] if single else list(prompts)
         seqs = [self.engine.add_request(self.encode(p), params or SamplingParams()) for p in plist]
+        errors = []
         while any(not s.finished for s in seqs):
-            self.engine.step()
+            errors += [out.error for out in self.engine.step() if out.error is not None]
+        if errors:  # raised once the others have finished, so none is left holding a KV slot
+            raise errors[0]
         return [_output(s) for s in seqs]
 
     def chat(self, messages: list[dict], params: SamplingParams | None = None) -> RequestOutput:

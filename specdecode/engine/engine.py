@@ -39,6 +39,7 @@ log = logging.getLogger("specdecode")
 class StepOutput:
     seq: Sequence
     delta: str
+    error: Exception | None = None  # the step failed for this sequence alone, and ended it
 
 
 class Engine:
@@ -127,20 +128,55 @@ class Engine:
             else:
                 seq.slot = self.kv.allocate()
             self.running.append(seq)
+        outputs = []
         for seq in self.running:
             if seq.num_prefilled < len(seq.prompt_ids) - 1:
-                self._prefill_chunk(seq)
+                try:
+                    self._prefill_chunk(seq)
+                except Exception as e:  # this prompt's forward failed: the others go on
+                    outputs.append(self._fail(seq, e))
         ready = [s for s in self.running if s.num_prefilled >= len(s.prompt_ids) - 1 and not s.finished]
-        outputs = []
         if ready:
-            ks = self._draft_lengths(ready)
-            results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
-            self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)
-            for seq, k, r in zip(ready, ks, results):
-                self.proposer.observe(seq, k, r.drafted, r.accepted)
-                outputs.append(StepOutput(seq, r.delta))
+            before = [(s.stats.steps, s.num_tokens, self.kv.lengths[s.slot], len(s.text)) for s in ready]
+            try:
+                ks = self._draft_lengths(ready)
+                results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
+            except Exception as e:
+                outputs += self._isolate(ready, before, e)
+            else:
+                self.costs.observe(len(ready), timing.verify_tokens, timing.verify_s)
+                for seq, k, r in zip(ready, ks, results):
+                    self.proposer.observe(seq, k, r.drafted, r.accepted)
+                    outputs.append(StepOutput(seq, r.delta))
         self._retire()
         return outputs
+
+    def _isolate(self, seqs: list[Sequence], before: list[tuple], error: Exception) -> list[StepOutput]:
+        """A batched step raised. Sequences it committed keep their tokens; one it left half-committed
+        fails; the rest are stepped one at a time without a draft (for the proposer: a step whose draft
+        was rejected), so a request whose data makes the step raise fails alone and the others advance
+        by exactly the token a plain step gives them (nothing is committed twice)."""
+        log.warning("a batched step of %d sequences failed (%r): stepping them one at a time", len(seqs), error)
+        outputs = []
+        for seq, (steps, n, length, shown) in zip(seqs, before):
+            if seq.stats.steps != steps:  # its commit completed before the failure
+                outputs.append(StepOutput(seq, seq.text[shown:]))
+            elif seq.num_tokens != n or self.kv.lengths[seq.slot] != length:
+                outputs.append(self._fail(seq, error))
+            else:
+                try:
+                    self.proposer.discard(seq)
+                    (r,), _ = speculative_step(self.runner, self.proposer, [seq], [0], self.timer.now)
+                    outputs.append(StepOutput(seq, r.delta))
+                except Exception as e:
+                    outputs.append(self._fail(seq, e))
+        return outputs
+
+    def _fail(self, seq: Sequence, error: Exception) -> StepOutput:
+        # the detail goes to the log; what a client sees is the caller's choice
+        log.error("request %d failed and was ended: %r", seq.seq_id, error, exc_info=error)
+        seq.fail()
+        return StepOutput(seq, "", error)
 
     def _prefill_chunk(self, seq: Sequence) -> None:
         """Feeds up to cfg.prefill_chunk prompt tokens (never the last one: it is the first root)."""
@@ -198,6 +234,9 @@ class Engine:
             self.running.remove(seq)
             self.proposer.release(seq)
             if self.prefix_cache is not None:
-                self.prefix_cache.release(seq.slot, seq.tokens)
+                if seq.finish_reason == "error":  # its KV may be half-written: never reuse it
+                    self.prefix_cache.invalidate(seq.slot)
+                else:
+                    self.prefix_cache.release(seq.slot, seq.tokens)
             self.kv.free(seq.slot)
             seq.slot = -1

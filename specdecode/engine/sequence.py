@@ -27,7 +27,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     slot: int = -1
     random: RandomStream | None = None  # sampled requests: the per-position random numbers
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     text: str = ""  # visible completion text (stop strings cut off)
     stats: SpecStats = field(default_factory=SpecStats)
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # the controller's record
@@ -87,4 +87,10 @@ class Sequence:
     def abort(self) -> None:
         if not self.finished:
             self.finish_reason = "abort"
+            self.t_finished = time.perf_counter()
+
+    def fail(self) -> None:
+        """A step failed for this request: it ends (the engine frees it and forgets its KV)."""
+        if not self.finished:
+            self.finish_reason = "error"
             self.t_finished = time.perf_counter()

@@ -122,8 +122,9 @@ class EngineWorker:
         try:
             results = self.engine.step()
         except Exception as e:
-            # A bug or a device error: fail the requests in flight, keep serving the next ones. The
-            # prefix cache may describe half-written slots now, so it starts over.
+            # A failure the engine could not pin on one request (it ends only those it can): fail
+            # the requests in flight, keep serving the next ones. The prefix cache may describe
+            # half-written slots now, so it starts over.
             log.exception("engine step failed; aborting %d request(s)", len(self._active))
             for handle in list(self._active.values()):
                 out.append((handle, ("error", e)))
@@ -136,7 +137,10 @@ class EngineWorker:
         self.step_seconds += time.perf_counter() - t0
         for r in results:
             handle = self._active.get(r.seq.seq_id)
-            if handle is not None and r.delta:
+            if handle is not None and r.error is not None:  # the engine ended it (and logged why)
+                del self._active[r.seq.seq_id]
+                out.append((handle, ("error", r.error)))
+            elif handle is not None and r.delta:
                 out.append((handle, ("delta", r.delta)))
         for seq_id, handle in list(self._active.items()):
             if handle.seq.finished:
