@@ -76,7 +76,9 @@ class EngineConfig:
     # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.
     kv_cache_dtype: str = "auto"
     threads: int | None = None  # torch CPU threads; None = torch's default
-    attention_backend: str = "torch-sdpa"  # runtime/attention: how queries meet the KV cache
+    # runtime/attention: how queries meet the KV cache; auto = cpu-native (batch-invariant) on a CPU
+    # where the native kernels build, else torch-sdpa
+    attention_backend: str = "auto"
     spec: SpecConfig = field(default_factory=SpecConfig)
 
     def __post_init__(self):

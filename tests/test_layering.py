@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1] / "specdecode"
 LAYERS = [
     {"errors"},
     {"config", "sampling_params"},
-    {"sampling", "store", "tokenizer", "kernels", "runtime", "args"},
+    {"kernels"},
+    {"sampling", "store", "tokenizer", "runtime", "args"},
     {"layers", "heads"},
     {"models"},
     {"loader"},

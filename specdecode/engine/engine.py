@@ -52,7 +52,7 @@ class Engine:
             torch.set_num_threads(cfg.threads)
         self.device, self.dtype = resolve_device_dtype(cfg.device, cfg.dtype)
         try:
-            backend = attention.backend(cfg.attention_backend)
+            backend = attention.backend(attention.resolve(cfg.attention_backend, self.device))
         except ValueError as e:
             raise InvalidRequestError(str(e)) from None
         for flag, quant in (("--quant", cfg.quant), ("--quant-draft", cfg.spec.quant_draft)):

@@ -48,9 +48,9 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         tree_mask = torch.zeros(len(seqs), T, T, dtype=torch.bool)
         for b, t in enumerate(trees):
             tree_mask[b, :len(t) + 1, :len(t) + 1] = t.attention_mask()
-    # row_exact for a single sequence: its verified tokens get the bits its plain decoding gives. A
-    # batch attends together (B x T calls per layer would cost too much; batched plain decoding is
-    # not bit-identical to single-sequence decoding either).
+    # On the cpu-native backend every verify row already gets the bits its plain decoding gives. On
+    # torch-sdpa, row_exact buys that for a single sequence (query by query); a batch attends
+    # together there (B x T calls per layer would cost too much).
     logits, hidden, captured = runner.forward([s.slot for s in seqs], tokens, positions, tree_mask,
                                               capture_layers=proposer.capture_layers, row_exact=len(seqs) == 1)
     t2 = now()

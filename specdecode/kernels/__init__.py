@@ -1,7 +1,8 @@
 """Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
 
-One library today: ``quant_gemm.c``, weight-only int4 and int8 GEMMs (see its header for why they
-exist and their exact arithmetic). It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
+One library from two sources (see their headers for why they exist and their exact arithmetic):
+``quant_gemm.c``, weight-only int4 and int8 GEMMs, and ``attention.c``, batch-invariant attention over
+the slot KV cache. It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
 get None from ``native_kernels()`` and use PyTorch's own kernels.
@@ -29,8 +30,9 @@ log = logging.getLogger(__name__)
 
 TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
-_SOURCE = Path(__file__).with_name("quant_gemm.c")
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c"))
+# No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
+_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
 
 
 def _cache_dir() -> Path:
@@ -53,15 +55,16 @@ def _build(cc: str, flags: list[str]) -> Path:
     """Compiles the library once per (source, flags, compiler, CPU); concurrent builders race
     harmlessly (each writes a temporary file and renames it into place)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([_SOURCE.read_text(), " ".join(flags), version, _cpu_key()]).encode())
-    out = _cache_dir() / f"quant_gemm-{key.hexdigest()[:16]}.so"
+    key = hashlib.sha256("\0".join([*(s.read_text() for s in _SOURCES), " ".join(flags), version,
+                                     _cpu_key()]).encode())
+    out = _cache_dir() / f"specdecode-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([cc, *flags, str(_SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        proc = subprocess.run([cc, *flags, *map(str, _SOURCES), "-o", tmp, "-lm"], capture_output=True, text=True)
         if proc.returncode != 0:
             lines = [ln for ln in proc.stderr.splitlines() if "error" in ln] or ["compiler failed"]
             raise RuntimeError(lines[0].strip())
@@ -110,6 +113,23 @@ class NativeKernels:
         return y
 
 
+    def attention(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, slots: torch.Tensor,
+                  nkeys: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """q float32 contiguous [B, H, T, D]; kc, vc one layer of the cache [S, Hkv, Lmax, D] (bfloat16
+        or float32, contiguous); slots int32 [B]; nkeys int32 [B, T]; mask uint8 [B, T, Lm] or None
+        (attention.c). Returns o float32 [B, H, T, D]."""
+        B, H, T, D = q.shape
+        o = torch.empty_like(q)
+        lm = mask.shape[-1] if mask is not None else 0
+        rc = self.lib.specdecode_attention(
+            q.data_ptr(), kc.data_ptr(), vc.data_ptr(), int(kc.dtype == torch.bfloat16), B, H, kc.shape[1], T, D,
+            kc.shape[2], slots.data_ptr(), nkeys.data_ptr(), mask.data_ptr() if mask is not None else None, lm,
+            D ** -0.5, o.data_ptr(), torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("native attention: scratch allocation failed")
+        return o
+
+
 def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     """Builds (or finds in the cache) and loads the library; raises RuntimeError or OSError where it
     cannot. extra_flags are appended to the compiler's (tests build the AVX2 body with -mno-avx512f)."""
@@ -122,6 +142,8 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_int4_gemm.restype = None
     lib.specdecode_int8_gemm.argtypes = [p, i, i, i, p, p, p, p, p, p, p, p, i]
     lib.specdecode_int8_gemm.restype = None
+    lib.specdecode_attention.argtypes = [p, p, p, i, i, i, i, i, i, i, p, p, p, i, ctypes.c_float, p, i]
+    lib.specdecode_attention.restype = i
     lib.specdecode_isa.restype = ctypes.c_char_p
     return NativeKernels(lib, lib.specdecode_isa().decode())
 

@@ -39,9 +39,11 @@ class Context:
     # caller gives it; None = no mask needed.
     attn_mask: torch.Tensor | None = None
     is_causal: bool = False
+    mask_given: bool = False  # attn_mask came from the caller (set by build_attention_mask)
     # Derived on first use by row_keys(): per (row, new token) the keys it sees.
     _row_keys: list | None = None
     backend: Any = None  # the AttentionBackend (runtime/attention); None = the default one
+    native: Any = None  # derived once per forward by the cpu-native backend (its visibility operands)
 
     def row_keys(self) -> list[list[tuple[int, torch.Tensor | None]]]:
         """[b][j] -> (n, idx): query j of row b sees keys [0, n) when idx is None, else keys idx (a
@@ -69,7 +71,8 @@ class Context:
 def build_attention_mask(ctx: Context, device: torch.device) -> None:
     """Fills ctx.attn_mask [B, 1, T, L] (bool, True = attend) or the cheaper is_causal / no-mask cases."""
     if ctx.attn_mask is not None:
-        return  # given by the caller
+        ctx.mask_given = True
+        return
     B, T, L = len(ctx.slots), max(ctx.num_new), ctx.total_len
     if B == 1 and ctx.tree_mask is None:
         if T == 1:

@@ -90,6 +90,18 @@ class KVCache:
         """Writes new k, v [B, Hkv, T, D] at each row's start and returns the keys/values to attend,
         [B, Hkv, total_len, D] (a view when B == 1). Does not change ``lengths``: the engine
         commits by calling ``set_length`` after acceptance."""
+        self.write(layer, k, v, slots, starts, num_new, total_len)
+        ck, cv = self.k[layer], self.v[layer]
+        if len(slots) == 1:
+            s0 = slots[0]
+            return ck[s0:s0 + 1, :, :total_len], cv[s0:s0 + 1, :, :total_len]
+        idx = torch.tensor(slots, device=ck.device)
+        return ck[idx, :, :total_len], cv[idx, :, :total_len]
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: list[int], starts: list[int],
+              num_new: list[int], total_len: int) -> None:
+        """update's write half, for backends that read the cache in place: zeroes what a later
+        reader of [0, total_len) could see unwritten, then stores the new rows."""
         ck, cv = self.k[layer], self.v[layer]
         for slot in slots:
             if self._clean[slot] < total_len:
@@ -99,11 +111,6 @@ class KVCache:
         for b, (slot, s, n) in enumerate(zip(slots, starts, num_new)):
             ck[slot, :, s:s + n] = k[b, :, :n]
             cv[slot, :, s:s + n] = v[b, :, :n]
-        if len(slots) == 1:
-            s0 = slots[0]
-            return ck[s0:s0 + 1, :, :total_len], cv[s0:s0 + 1, :, :total_len]
-        idx = torch.tensor(slots, device=ck.device)
-        return ck[idx, :, :total_len], cv[idx, :, :total_len]
 
     def set_length(self, slot: int, length: int) -> None:
         assert 0 <= length <= self.max_len

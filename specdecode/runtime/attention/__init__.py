@@ -9,16 +9,24 @@ import torch
 
 from ..context import get_context
 from .base import AttentionBackend
+from .native_cpu import NativeCPUBackend
 from .torch_sdpa import TorchSDPABackend
 
-BACKENDS: dict[str, type[AttentionBackend]] = {TorchSDPABackend.name: TorchSDPABackend}
-DEFAULT_BACKEND = TorchSDPABackend.name
+BACKENDS: dict[str, type[AttentionBackend]] = {b.name: b for b in (NativeCPUBackend, TorchSDPABackend)}
+DEFAULT_BACKEND = TorchSDPABackend.name  # for forwards that name none (training, references)
 _instances: dict[str, AttentionBackend] = {}
+
+
+def resolve(name: str, device: torch.device) -> str:
+    """"auto": the batch-invariant native backend on a CPU where it builds, else PyTorch's SDPA."""
+    if name != "auto":
+        return name
+    return NativeCPUBackend.name if device.type == "cpu" and NativeCPUBackend.available() else TorchSDPABackend.name
 
 
 def backend(name: str = DEFAULT_BACKEND) -> AttentionBackend:
     if name not in BACKENDS:
-        raise ValueError(f"unknown attention backend {name!r} (choose from {', '.join(BACKENDS)})")
+        raise ValueError(f"unknown attention backend {name!r} (choose from auto, {', '.join(BACKENDS)})")
     if name not in _instances:
         _instances[name] = BACKENDS[name]()
     return _instances[name]

@@ -1,0 +1,97 @@
+"""The cpu-native attention backend (kernels/attention.c): the same attention as PyTorch's SDPA, and
+the same bits for a query however it is batched: alone, in a chunk, in a batch with padding, as a
+tree node (which must equal the decode of its path), on the AVX512 and the AVX2 body alike."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdecode.kernels import load_native_kernels, native_kernels
+from specdecode.runtime import attention
+from specdecode.runtime.context import Context, use_context
+from specdecode.runtime.kv_cache import KVCache
+
+H, HKV, D, LAYERS = 6, 2, 64, 2
+
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native kernels unavailable here")
+
+
+def _cache(dtype, slots=4, max_len=96):
+    kv = KVCache(LAYERS, slots, max_len, HKV, D, dtype)
+    g = torch.Generator().manual_seed(0)
+    for s in range(slots):  # a committed prefix of 40 random tokens in every slot
+        kv.write(1, torch.randn(1, HKV, 40, D, generator=g), torch.randn(1, HKV, 40, D, generator=g), [s], [0], [40], 40)
+        kv.set_length(s, 40)
+    return kv
+
+
+def _forward(name, kv, slots, starts, qkv, tree_mask=None, layer=1):
+    """One attention call of backend ``name`` over new tokens qkv = (q [B, H, T, D], k, v [B, HKV, T, D])."""
+    num_new = [int(n) for n in qkv[3]]
+    ctx = Context(kv, slots, starts, num_new, tree_mask)
+    with use_context(ctx, torch.device("cpu")):
+        return attention.backend(name).forward(layer, *qkv[:3], ctx)
+
+
+def _new(B, T, seed, num_new=None):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, H, T, D, generator=g), torch.randn(B, HKV, T, D, generator=g),
+            torch.randn(B, HKV, T, D, generator=g), num_new or [T] * B)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_sdpa(dtype):
+    """Decode, a causal chain, a padded batch with different starts, and a tree: within rounding of
+    PyTorch's SDPA (which attends in the cache's type: bfloat16 queries for a bfloat16 cache)."""
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+    cases = [([0], [40], _new(1, 1, 1), None), ([1], [40], _new(1, 7, 2), None),
+             ([0, 2, 3], [40, 12, 33], _new(3, 5, 3, [5, 2, 4]), None), ([3], [40], _new(1, 4, 4), tree[None])]
+    for slots, starts, qkv, tm in cases:
+        kv = _cache(dtype)
+        for s, L in zip(slots, starts):
+            kv.set_length(s, L)
+        got = _forward("cpu-native", kv, slots, starts, qkv, tm)
+        want = _forward("torch-sdpa", kv, slots, starts, qkv, tm)
+        for b, n in enumerate(qkv[3]):  # padded query rows are unspecified
+            torch.testing.assert_close(got[b, :, :n], want[b, :, :n].float(), atol=tol, rtol=tol)
+
+
+def test_same_bits_however_batched():
+    """Each query of a 3-row padded batched chunk equals, bit for bit, a one-token decode of it with
+    only its own keys; a tree node equals the decode of its path."""
+    kv = _cache(torch.bfloat16)
+    slots, starts, q, k, v, num_new = [0, 2, 3], [40, 12, 33], *_new(3, 5, 3, [5, 2, 4])
+    batched = _forward("cpu-native", kv, slots, starts, (q, k, v, num_new))
+    for b, (s, L, n) in enumerate(zip(slots, starts, num_new)):
+        for t in range(n):  # the row's earlier new tokens are in the cache (written by the batched call)
+            kv.set_length(s, L + t)
+            one = _forward("cpu-native", kv, [s], [L + t], (q[b:b + 1, :, t:t + 1], k[b:b + 1, :, t:t + 1],
+                                                           v[b:b + 1, :, t:t + 1], [1]))
+            assert torch.equal(one[0, :, 0], batched[b, :, t]), (b, t)
+
+    kv = _cache(torch.bfloat16)  # tree: root, a (root's child), c (root's child), d (c's child)
+    tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)[None]
+    q, k, v, _ = _new(1, 4, 5)
+    nodes = _forward("cpu-native", kv, [1], [40], (q, k, v, [4]), tree)
+    path = [0, 2, 3]  # decode root, c, d as a chain
+    chain = _forward("cpu-native", kv, [1], [40], (q[:, :, path], k[:, :, path], v[:, :, path], [3]))
+    assert torch.equal(nodes[0, :, path], chain[0])
+
+
+def test_avx2_body_gives_the_same_bits():
+    """Both bodies use the same 256-bit arithmetic: a laptop without AVX512 gets identical output."""
+    try:
+        avx2 = load_native_kernels(("-mno-avx512f",))
+    except (OSError, RuntimeError) as e:
+        pytest.skip(f"AVX2 body does not build here: {e}")
+    kv = _cache(torch.bfloat16)
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, H, 3, D, generator=g)
+    slots, nkeys = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[38, 39, 40], [20, 21, 22]], dtype=torch.int32)
+    mask = (torch.rand(2, 3, 40, generator=g) > 0.3).to(torch.uint8)
+    mask[..., 0] = 1
+    for m in (None, mask):
+        a = native_kernels().attention(q, kv.k[1], kv.v[1], slots, nkeys, m)
+        b = avx2.attention(q, kv.k[1], kv.v[1], slots, nkeys, m)
+        assert torch.equal(a, b)
