@@ -45,8 +45,8 @@ def head_cfg(m, kind="eagle3", draft_vocab=None, **kw) -> EagleConfig:
     return EagleConfig(**{**base, **kw})
 
 
-def random_head(m, seed=1, draft_vocab=200):
-    head = init_head(head_cfg(m, draft_vocab=draft_vocab), seed, std=0.15).to(F64)
+def random_head(m, seed=1, draft_vocab=200, **kw):
+    head = init_head(head_cfg(m, draft_vocab=draft_vocab, **kw), seed, std=0.15).to(F64)
     ids = torch.randperm(m.cfg.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab].sort().values
     head.d2t.copy_(ids - torch.arange(draft_vocab))
     head.t2d.zero_()
@@ -154,11 +154,27 @@ def test_load_eagle1_and_errors(tmp_path):
 @pytest.mark.parametrize("layout", ["hf", "speculators"])
 def test_save_load_round_trip(tmp_path, layout):
     m = target()
-    src = random_head(m)
+    src = random_head(m, aux_layers=(0, 2, 1))  # not the default taps: a reader ignoring the key would differ
     save_head(src, tmp_path / "h", layout)
     conf = json.loads((tmp_path / "h" / "config.json").read_text())
     assert ("speculators_model_type" in conf) == (layout == "speculators")
+    # the top-level key names layer inputs (vLLM, llama.cpp's converter): our output index + 1
+    assert conf["eagle_aux_hidden_state_layer_ids"] == [1, 3, 2]
+    if layout == "hf":  # SGLang's eagle_config names outputs
+        assert conf["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 1]
+        assert load_head(tmp_path / "h", m.cfg, F64).cfg.aux_layers == (0, 2, 1)
+        for key, bad in (("eagle_config", {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}),
+                         ("eagle_aux_hidden_state_layer_ids", [0, 2, 1])):
+            (tmp_path / "bad").mkdir(exist_ok=True)
+            for f in (tmp_path / "h").iterdir():
+                (tmp_path / "bad" / f.name).write_bytes(f.read_bytes())
+            (tmp_path / "bad" / "config.json").write_text(json.dumps({**conf, key: bad}))
+            with pytest.raises(ModelFileError, match="different layers"):
+                load_head(tmp_path / "bad", m.cfg, F64)
+        only_top = {k: v for k, v in conf.items() if k != "eagle_config"}
+        (tmp_path / "h" / "config.json").write_text(json.dumps(only_top))
     head = load_head(tmp_path / "h", m.cfg, F64).bind(m)
+    assert head.cfg.aux_layers == (0, 2, 1)
     src.bind(m)
     feats, ids = torch.randn(9, 3 * m.cfg.hidden_size, dtype=F64), torch.randint(0, 384, (9,))
     for a, b in zip(head.forward_reference(feats, ids, 3), src.forward_reference(feats, ids, 3)):

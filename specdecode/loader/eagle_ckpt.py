@@ -10,7 +10,10 @@
   ``layers.0.*`` (EAGLE-1: ``fusion_fc.*``, ``transformer.*``).
 
 Aux-layer ids come in two conventions under one key name: SGLang/SpecForge's ``eagle_config`` names
-layer *outputs* (our capture index), vLLM / speculators name layer *inputs* (output of layer id-1)."""
+layer *outputs* (our capture index), while vLLM, speculators and llama.cpp's converter read the key at
+the top level and name layer *inputs* (output of layer id-1). We write both (the top-level one is
+what llama.cpp's ``convert_hf_to_gguf.py`` reads) and read either; when both are present they must
+name the same layers."""
 from __future__ import annotations
 
 import json
@@ -63,6 +66,9 @@ def read_head_config(path: Path, target: ModelConfig, fc_in: int) -> tuple[Eagle
             kind = "eagle" if fc_in == 2 * f["hidden_size"] and "draft_vocab_size" not in c else "eagle3"
             ids = (c.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
             top = c.get("eagle_aux_hidden_state_layer_ids")
+            if ids and top and [i - 1 for i in top] != list(ids):
+                raise ModelFileError(f"{path}/config.json: eagle_aux_hidden_state_layer_ids {list(top)} (layer "
+                                     f"inputs) and eagle_config's {list(ids)} (layer outputs) name different layers")
             aux = tuple(ids) if ids else (tuple(i - 1 for i in top) if top else None)
             fc_bias = bool(c.get("bias", False)) and kind == "eagle"
         cfg = EagleConfig(kind=kind, vocab_size=vocab, target_hidden_size=c.get("target_hidden_size") or f["hidden_size"],
@@ -190,6 +196,7 @@ def save_head(head: EagleHead, path: str | Path, layout: str = "hf", dtype: torc
         if cfg.kind == "eagle3":
             conf.update(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=cfg.draft_vocab_size,
                         norm_before_residual=cfg.norm_before_residual,
+                        eagle_aux_hidden_state_layer_ids=[i + 1 for i in cfg.aux_layers],
                         eagle_config={"eagle_aux_hidden_state_layer_ids": list(cfg.aux_layers),
                                       "use_aux_hidden_state": True})
         else:
