@@ -86,3 +86,29 @@ class EngineConfig:
 
         if self.max_num_seqs < 1 or self.prefill_chunk < 1 or self.max_model_len < 2:
             raise InvalidRequestError("--max-num-seqs and --prefill-chunk must be >= 1, --ctx-size >= 2")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """``specdecode serve``'s own settings (the engine's are EngineConfig's)."""
+    host: str = "127.0.0.1"  # --host: this machine only
+    port: int = 8000  # --port
+    shutdown_timeout: float = 30.0  # --shutdown-timeout: seconds in-flight requests get on SIGINT/SIGTERM
+    # --max-queue: requests that may wait for a KV slot besides the --max-num-seqs running ones; more
+    # are refused at once (429, Retry-After) rather than queued without end
+    max_queue: int = 64
+    queue_timeout: float = 300.0  # --queue-timeout: seconds a request may wait for a slot, then 503 (0: no limit)
+    max_body_bytes: int = 8 * 2**20  # a larger request body is refused (413) before it is read whole
+    # --allowed-hosts: the Host names served ('*': any). None: this machine's names when --host is a
+    # loopback address and there is no --api-key (a web page cannot reach it by DNS rebinding), else any
+    allowed_hosts: tuple[str, ...] | None = None
+
+    def __post_init__(self):
+        from .errors import InvalidRequestError
+
+        if self.max_queue < 0 or self.queue_timeout < 0 or self.shutdown_timeout < 0:
+            raise InvalidRequestError("--max-queue, --queue-timeout and --shutdown-timeout must be >= 0")
+        if not 0 <= self.port < 65536 or self.max_body_bytes < 1:
+            raise InvalidRequestError("--port must be in [0, 65535]")
+        if self.allowed_hosts is not None and not all(h.strip() for h in self.allowed_hosts):
+            raise InvalidRequestError("--allowed-hosts takes comma-separated host names (or '*')")

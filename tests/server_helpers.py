@@ -10,6 +10,7 @@ from tiny_models import CharTokenizer, tiny_llm
 
 KEY, MODEL = "test-key", "tiny"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+JSON = {"Content-Type": "application/json"}
 
 
 class ChatCharTokenizer(CharTokenizer):

@@ -14,7 +14,7 @@ from specdecode.bench.serve import bench_engines
 from specdecode.cli import main
 from specdecode.server.app import create_app
 from specdecode.server.background import BackgroundServer
-from server_helpers import AUTH, KEY, MODEL, ChatCharTokenizer, chat, client, hi, slow_steps, tiny_engine, wait_idle
+from server_helpers import AUTH, JSON, KEY, MODEL, ChatCharTokenizer, chat, client, hi, slow_steps, tiny_engine, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +111,9 @@ BAD = [("chat", "{not json"), ("chat", "[1, 2]"), ("chat", '{"model": "tiny"}'),
 
 @pytest.mark.parametrize("endpoint,body", BAD)
 def test_bad_requests_are_400(server, endpoint, body):
-    kw = {"content": body} if isinstance(body, str) else {"json": body}
-    r = httpx.post(f"{server.url}/v1/{'chat/' if endpoint == 'chat' else ''}completions", headers=AUTH, **kw)
+    # a raw body is sent as JSON all the same: the server refuses any other content type (415)
+    kw = {"content": body, "headers": AUTH | JSON} if isinstance(body, str) else {"json": body, "headers": AUTH}
+    r = httpx.post(f"{server.url}/v1/{'chat/' if endpoint == 'chat' else ''}completions", **kw)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["type"] == "invalid_request_error" and err["message"] and "\n" not in err["message"]
@@ -250,15 +251,27 @@ def test_limits_on_bodies_and_stop_strings(server):
 
 
 def test_a_failed_stream_does_not_echo_internal_detail(server):
+    """A stream's response starts once the request runs: a step failing after that ends the stream
+    with an error chunk, one failing before it is a plain 500; neither tells the internal detail."""
     engine, real = server.engine, server.engine.step
+    for steps_before_failure in (1, 0):
+        calls = []
 
-    def fail_once():
-        engine.step = real
-        raise RuntimeError("Overflow when unpacking long long")
+        def fail_once():
+            calls.append(1)
+            if len(calls) > steps_before_failure:
+                engine.step = real
+                raise RuntimeError("Overflow when unpacking long long")
+            return real()
 
-    engine.step = fail_once
-    with httpx.stream("POST", f"{server.url}/v1/completions", headers=AUTH, timeout=30,
-                      json={"model": MODEL, "prompt": "abc", "max_tokens": 4, "stream": True}) as r:
-        body = "".join(r.iter_text())
-    assert "generation failed" in body and "Overflow" not in body
-    wait_idle(engine)
+        engine.step = fail_once
+        with httpx.stream("POST", f"{server.url}/v1/completions", headers=AUTH, timeout=30,
+                          json={"model": MODEL, "prompt": "abc", "max_tokens": 40, "stream": True}) as r:
+            body = "".join(r.iter_text())
+        if steps_before_failure:
+            assert r.status_code == 200
+            assert "generation failed" in body and "Overflow" not in body
+        else:
+            assert r.status_code == 500 and json.loads(body)["error"]["type"] == "internal_error"
+            assert "Overflow" not in body
+        wait_idle(engine)

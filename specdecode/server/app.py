@@ -1,9 +1,10 @@
 """The OpenAI-compatible HTTP API (FastAPI) over an Engine, which a worker thread owns.
 
 Every user mistake is an OpenAI-style error JSON with status 400 (401 bad key, 404 unknown route,
-405 wrong method), never a 500; only a failing engine step is a 500, and the server keeps serving.
-A request whose client goes away (streaming or not) is aborted at once: its slot and KV are free
-before the next engine step."""
+405 wrong method, 413 / 415 / 429 / 503 from admission.py), never a 500; only a failing engine step
+is a 500, for the requests it fails, and the server keeps serving. A request's response starts once
+it holds a KV slot, so a refusal while it waits is still an HTTP status. A request whose client goes
+away (waiting, streaming or not) is aborted at once: its slot and KV are free before the next step."""
 from __future__ import annotations
 
 import asyncio
@@ -18,19 +19,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
+from ..config import ServerConfig
 from ..engine.engine import Engine
 from ..errors import InvalidRequestError, SpecDecodeError
+from .admission import ApiError, allowed_hosts, check_capacity, check_host, check_json, clip, read_body
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import BaseRequest, ChatRequest, CompletionRequest, ResponseBuilder, error_body, usage
 from .worker import EngineWorker, RequestHandle
 
 log = logging.getLogger("specdecode.server")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.code = status, message, type_, code
 
 
 def _error(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
@@ -70,13 +67,17 @@ class _StreamWithCleanup(StreamingResponse):
             self.on_close()
 
 
-MAX_BODY_BYTES = 8 * 2**20  # a request body larger than this is refused (413) before it is parsed
+MAX_BODY_BYTES = ServerConfig.max_body_bytes
 
 
 def create_app(engine: Engine, model_names: list[str], api_key: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
-    """``model_names[0]`` is the name /v1/models lists; requests may use any of them."""
-    worker = EngineWorker(engine)
+               config: ServerConfig | None = None) -> FastAPI:
+    """``model_names[0]`` is the name /v1/models lists; requests may use any of them. ``config``: the
+    serve command's settings, whose Host allow-list follows the address it binds; without one, the
+    defaults and no Host check (an app that another front end serves: tests, bench-serve, replicas)."""
+    hosts = allowed_hosts(config, api_key) if config is not None else None
+    config = config or ServerConfig()
+    worker = EngineWorker(engine, config.queue_timeout)
     metrics = ServerMetrics(worker)
     tokenizer = engine.tokenizer
     vocab = engine.model.cfg.vocab_size
@@ -89,13 +90,17 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         finally:  # uvicorn gets here after in-flight requests finished or its grace period ended
             await asyncio.to_thread(worker.stop)
 
-    app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    async def host_allowed(request: Request) -> None:  # every route, /health too
+        check_host(request.headers.get("host"), hosts)
+
+    app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  dependencies=[Depends(host_allowed)])
     app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
         metrics.errors.labels(str(e.status)).inc()
-        return _error(e.status, e.message, e.type, e.code)
+        return _error(e.status, e.message, e.type, e.code, e.headers)
 
     @app.exception_handler(SpecDecodeError)
     async def _user_error(request, e: SpecDecodeError):
@@ -127,7 +132,16 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
             raise HTTPException(401, "missing or incorrect API key (send 'Authorization: Bearer <key>')",
                                 headers={"WWW-Authenticate": "Bearer"})
 
+    async def json_body(request: Request) -> None:
+        check_json(request.headers.get("content-type"))
+
+    def admit() -> None:
+        if not worker.alive:
+            raise ApiError(503, "the engine is not running", "server_error")
+        check_capacity(worker.in_flight, engine.kv.num_slots, config.max_queue, worker.draining)
+
     auth = [Depends(check_key)]
+    post = auth + [Depends(json_body)]
 
     @app.get("/health")
     async def health():
@@ -144,32 +158,19 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    async def read_body(request: Request) -> bytes:
-        """The body, refused with 413 as soon as it is known to exceed max_body_bytes."""
-        too_big = ApiError(413, f"the request body exceeds {max_body_bytes} bytes", code="request_too_large")
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            raise too_big
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise too_big
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     async def parse(request: Request, schema: type[BaseModel]):
+        admit()  # a full server refuses before reading, parsing and tokenizing
         try:
-            req = schema.model_validate_json(await read_body(request))
+            req = schema.model_validate_json(await read_body(request, config.max_body_bytes))
         except ValidationError as e:
             raise ApiError(400, _describe(e)) from None
         req.check_supported()
         if req.model not in model_names:
-            raise ApiError(400, f"model {req.model!r} is not served here (use {model_names[0]!r})",
+            raise ApiError(400, f"model {clip(req.model)!r} is not served here (use {model_names[0]!r})",
                            code="model_not_found")
         return req
 
-    @app.post("/v1/chat/completions", dependencies=auth)
+    @app.post("/v1/chat/completions", dependencies=post)
     async def chat_completions(request: Request):
         req = await parse(request, ChatRequest)
 
@@ -179,7 +180,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         ids = await asyncio.to_thread(encode)
         return await generate(request, req, ids, ResponseBuilder(True, req.model), "chat")
 
-    @app.post("/v1/completions", dependencies=auth)
+    @app.post("/v1/completions", dependencies=post)
     async def completions(request: Request):
         req = await parse(request, CompletionRequest)
         prompt = req.single_prompt()
@@ -199,19 +200,32 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         if len(ids) + params.max_tokens > ctx:
             raise InvalidRequestError(f"max_tokens {params.max_tokens} plus the prompt's {len(ids)} tokens exceed "
                                       f"the context of {ctx} tokens")
-        if not worker.alive:
-            raise ApiError(503, "the engine is not running", "server_error")
+        admit()  # again: others were taken while this one was tokenized
         handle = worker.submit(ids, params)
-        try:
-            kind, value = await handle.events.get()
-        except asyncio.CancelledError:
-            worker.abort(handle)
-            raise
-        if kind == "error":
-            raise value
+        if not await started(request, handle):
+            return Response(status_code=499)  # the client left while it waited
         if req.stream:
             return _StreamWithCleanup(stream(handle, rb, req.include_usage, endpoint), lambda: worker.abort(handle))
         return await complete(request, handle, rb, endpoint)
+
+    async def started(request: Request, handle: RequestHandle) -> bool:
+        """Waits until the request holds a KV slot (True) or its client has gone (False); raises
+        the error it got instead (refused, timed out in the queue, failed)."""
+        first = asyncio.create_task(handle.events.get())
+        gone = asyncio.create_task(_until_disconnect(request))
+        try:
+            await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not first.done():
+                first.cancel()
+                worker.abort(handle)
+        if not first.done() or first.cancelled():
+            return False
+        kind, value = first.result()
+        if kind == "error":
+            raise value
+        return True
 
     async def complete(request: Request, handle: RequestHandle, rb: ResponseBuilder, endpoint: str):
         done = asyncio.create_task(_until_done(handle))

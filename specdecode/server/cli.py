@@ -4,11 +4,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from dataclasses import fields
 from pathlib import Path
 
 from ..args import add_engine_args, add_model_args, add_spec_args, engine_config
+from ..config import ServerConfig
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_SRV = {f.name: f.default for f in fields(ServerConfig)}
 
 
 def add_serve_parser(sub) -> None:
@@ -16,19 +19,35 @@ def add_serve_parser(sub) -> None:
     add_model_args(s)
     add_engine_args(s)
     add_spec_args(s)
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--host", default=_SRV["host"], help="address to listen on (default: this machine only)")
+    s.add_argument("--port", type=int, default=_SRV["port"])
     s.add_argument("--api-key", default=os.environ.get("SPECDECODE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every endpoint but /health "
                         "(default: $SPECDECODE_API_KEY; unset = no key)")
     s.add_argument("--served-model-name", action="append",
                    help="model name clients send (repeatable: the first is listed, all are accepted; "
                         "default: the --model name, without directory or .gguf)")
-    s.add_argument("--shutdown-timeout", type=float, default=30.0,
+    s.add_argument("--shutdown-timeout", type=float, default=_SRV["shutdown_timeout"],
                    help="on SIGINT/SIGTERM, seconds in-flight requests get to finish before they are aborted "
                         "(a second SIGINT quits at once)")
+    s.add_argument("--max-queue", type=int, default=_SRV["max_queue"],
+                   help="requests that may wait for a slot besides the --max-num-seqs running ones; more are "
+                        "refused with 429 and Retry-After")
+    s.add_argument("--queue-timeout", type=float, default=_SRV["queue_timeout"],
+                   help="seconds a request may wait for a slot before it is refused with 503 (0: no limit)")
+    s.add_argument("--allowed-hosts", type=_host_list, default=_SRV["allowed_hosts"],
+                   help="comma-separated Host names the server answers ('*': any; default: localhost, "
+                        "127.0.0.1 and ::1 when --host is a loopback address and there is no --api-key, else any)")
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     s.set_defaults(func=cmd_serve)
+
+
+def _host_list(value: str) -> tuple[str, ...]:
+    return tuple(h.strip() for h in value.split(","))
+
+
+def server_config(a: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(**{k: getattr(a, k) for k in _SRV if hasattr(a, k)})
 
 
 def served_name(model: str) -> str:
@@ -43,10 +62,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     cfg = engine_config(a)  # validates the options before the (slow) model load
+    scfg = server_config(a)
     if a.host not in LOOPBACK and not a.api_key:
         logging.getLogger("specdecode.server").warning("listening on %s without --api-key: anyone who can reach "
                                                        "this address can use the model", a.host)
     llm = LLM(engine_config=cfg)
-    app = create_app(llm.engine, a.served_model_name or [served_name(cfg.model)], api_key=a.api_key)
+    app = create_app(llm.engine, a.served_model_name or [served_name(cfg.model)], api_key=a.api_key, config=scfg)
     make_server(app, a.shutdown_timeout, host=a.host, port=a.port, log_level=a.log_level).run()
     return 0

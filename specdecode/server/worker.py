@@ -5,8 +5,9 @@ the worker applies between steps, so the engine needs no locks and a handler nev
 for the length of a forward pass. Results go back per request through an asyncio.Queue, filled on
 the loop via call_soon_threadsafe, one batch per engine step.
 
-Events a handle receives: ("admitted", None) or ("error", exc) first; then ("delta", text)...;
-then ("done", None). After "done" the worker no longer touches ``handle.seq``."""
+Events a handle receives: ("running", None) once it holds a KV slot, or ("error", exc) instead
+(refused at admission, timed out in the queue, shut out by a drain); then ("delta", text)...; then
+("done", None) or ("error", exc). After "done" or "error" the worker no longer touches the handle."""
 from __future__ import annotations
 
 import asyncio
@@ -17,6 +18,7 @@ import time
 from ..engine.engine import Engine
 from ..engine.sequence import Sequence
 from ..sampling_params import SamplingParams
+from .admission import ApiError, queue_timeout, shutting_down
 
 log = logging.getLogger("specdecode.server")
 
@@ -26,11 +28,15 @@ class RequestHandle:
         self.prompt_ids, self.params = prompt_ids, params
         self.events: asyncio.Queue = asyncio.Queue()
         self.seq: Sequence | None = None  # set by the worker on admission
+        self.t_submit = time.monotonic()
+        self.started = False  # holds (or held) a KV slot: worker thread only
+        self.ended = False  # its last event was delivered: event loop only
 
 
 class EngineWorker:
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, engine: Engine, queue_timeout: float = 0.0):
+        """``queue_timeout``: seconds a request may wait for a KV slot before it is refused (0: no limit)."""
+        self.engine, self.queue_timeout = engine, queue_timeout
         self._cv = threading.Condition()
         self._cmds: list[tuple[str, RequestHandle]] = []
         self._stopping = False
@@ -40,6 +46,7 @@ class EngineWorker:
         self.steps = 0
         self.step_seconds = 0.0
         self.aborted = 0  # requests aborted before they finished (client gone, shutdown)
+        self.in_flight = 0  # requests submitted and not yet ended (event loop only)
         self._abort_at: float | None = None  # shutdown: abort what still runs at this time.monotonic()
 
     # -- called on the event loop ------------------------------------------------------------------
@@ -50,6 +57,7 @@ class EngineWorker:
 
     def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestHandle:
         handle = RequestHandle(prompt_ids, params)
+        self.in_flight += 1
         self._post("add", handle)
         return handle
 
@@ -58,8 +66,9 @@ class EngineWorker:
         self._post("abort", handle)
 
     def drain(self, grace: float) -> None:
-        """Shutdown has begun: requests still running after ``grace`` seconds are aborted, so their
-        responses end properly (finish_reason "abort") rather than being cut off."""
+        """Shutdown has begun: no new requests are taken; those still running after ``grace``
+        seconds are aborted, so their responses end properly (finish_reason "abort") rather than
+        being cut off, and those still waiting for a slot are refused (503)."""
         with self._cv:
             self._abort_at = time.monotonic() + grace
             self._cv.notify()
@@ -75,6 +84,10 @@ class EngineWorker:
     @property
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def draining(self) -> bool:
+        return self._abort_at is not None or self._stopping
 
     def _post(self, cmd: str, handle: RequestHandle) -> None:
         with self._cv:
@@ -94,7 +107,12 @@ class EngineWorker:
                 self._apply(cmd, handle, out)
             if stopping or (self._abort_at is not None and time.monotonic() >= self._abort_at):
                 for handle in list(self._active.values()):
-                    self._apply("abort", handle, out)
+                    self._end(handle, out, shutting_down())
+            elif self.queue_timeout:
+                now = time.monotonic()
+                for handle in list(self._active.values()):
+                    if not handle.started and now - handle.t_submit > self.queue_timeout:
+                        self._end(handle, out, queue_timeout(self.queue_timeout))
             if stopping:
                 self._deliver(out)
                 return
@@ -110,12 +128,22 @@ class EngineWorker:
                 out.append((handle, ("error", e)))
                 return
             self._active[handle.seq.seq_id] = handle
-            out.append((handle, ("admitted", None)))
         elif handle.seq is not None and handle.seq.seq_id in self._active:
             self.engine.abort(handle.seq)
             self.aborted += 1
             del self._active[handle.seq.seq_id]
             out.append((handle, ("done", None)))
+
+    def _end(self, handle: RequestHandle, out: list, refusal: ApiError) -> None:
+        """Aborts a request: a running one's response ends (finish_reason "abort"); one still waiting
+        for a slot has sent nothing yet, and gets ``refusal`` instead."""
+        self.engine.abort(handle.seq)
+        del self._active[handle.seq.seq_id]
+        if handle.started:
+            self.aborted += 1
+            out.append((handle, ("done", None)))
+        else:
+            out.append((handle, ("error", refusal)))
 
     def _step(self, out: list) -> None:
         t0 = time.perf_counter()
@@ -135,6 +163,11 @@ class EngineWorker:
             return
         self.steps += 1
         self.step_seconds += time.perf_counter() - t0
+        waiting = {s.seq_id for s in self.engine.waiting}
+        for handle in self._active.values():  # before their first delta: the handler waits for this
+            if not handle.started and handle.seq.seq_id not in waiting:
+                handle.started = True
+                out.append((handle, ("running", None)))
         for r in results:
             handle = self._active.get(r.seq.seq_id)
             if handle is not None and r.error is not None:  # the engine ended it (and logged why)
@@ -151,11 +184,13 @@ class EngineWorker:
         if not out:
             return
         try:
-            self._loop.call_soon_threadsafe(_put_all, out)
+            self._loop.call_soon_threadsafe(self._put_all, out)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
-
-def _put_all(out: list) -> None:
-    for handle, event in out:
-        handle.events.put_nowait(event)
+    def _put_all(self, out: list) -> None:
+        for handle, event in out:
+            if event[0] in ("done", "error") and not handle.ended:
+                handle.ended = True
+                self.in_flight -= 1
+            handle.events.put_nowait(event)
