@@ -81,8 +81,9 @@ def test_models_health_metrics(server):
     chat(server, "for the metrics", max_tokens=3)
     m = httpx.get(f"{server.url}/metrics", headers=AUTH)
     assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
-    for name in ("specdecode_requests_total{", "specdecode_spec_accepted_tokens_total", "specdecode_kv_slots_free",
-                 "specdecode_time_to_first_token_seconds_bucket", "specdecode_prefix_cache_hits_total"):
+    for name in ("specdecode:request_success_total{", "specdecode:spec_decode_num_accepted_tokens_total",
+                 "specdecode:kv_slots_free", "specdecode:time_to_first_token_seconds_bucket",
+                 "specdecode:prefix_cache_hits_total", "specdecode:request_queue_time_seconds_bucket"):
         assert name in m.text
 
 

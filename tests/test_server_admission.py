@@ -71,7 +71,7 @@ def test_a_full_queue_refuses_with_429_and_the_queued_request_still_runs():
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
         wait_idle(srv.engine)
         metrics = httpx.get(f"{srv.url}/metrics").text
-        assert 'specdecode_request_errors_total{status="429"} 2.0' in metrics
+        assert 'specdecode:request_errors_total{status="429"} 2.0' in metrics
 
 
 def test_a_request_waiting_past_the_queue_timeout_gets_503():

@@ -242,7 +242,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         if done.result() is not None:
             raise done.result()
         seq = handle.seq
-        metrics.observe(endpoint, seq)
+        metrics.observe(endpoint, seq, handle.queue_seconds)
         return rb.full(seq.text, seq.finish_reason, usage(len(seq.prompt_ids), len(seq.output_ids)), _spec(handle))
 
     async def stream(handle: RequestHandle, rb: ResponseBuilder, include_usage: bool, endpoint: str):
@@ -261,7 +261,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
                 break
             else:
                 seq = handle.seq
-                metrics.observe(endpoint, seq)
+                metrics.observe(endpoint, seq, handle.queue_seconds)
                 final = rb.chunk(None, seq.finish_reason, with_usage=include_usage)
                 final["spec"] = _spec(handle)
                 yield _sse(final)

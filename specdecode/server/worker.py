@@ -30,7 +30,13 @@ class RequestHandle:
         self.seq: Sequence | None = None  # set by the worker on admission
         self.t_submit = time.monotonic()
         self.started = False  # holds (or held) a KV slot: worker thread only
+        self.t_started: float | None = None
         self.ended = False  # its last event was delivered: event loop only
+
+    @property
+    def queue_seconds(self) -> float | None:
+        """How long it waited for a KV slot."""
+        return None if self.t_started is None else self.t_started - self.t_submit
 
 
 class EngineWorker:
@@ -166,7 +172,7 @@ class EngineWorker:
         waiting = {s.seq_id for s in self.engine.waiting}
         for handle in self._active.values():  # before their first delta: the handler waits for this
             if not handle.started and handle.seq.seq_id not in waiting:
-                handle.started = True
+                handle.started, handle.t_started = True, time.monotonic()
                 out.append((handle, ("running", None)))
         for r in results:
             handle = self._active.get(r.seq.seq_id)
