@@ -10,10 +10,11 @@
  *
  * Arithmetic for one query q (float32 [D]) of kv head c, seeing keys J (ascending cache indices):
  *   s_j = scale * dot(q, k_j)     dot: one 8-lane FMA chain over D, then a fixed 8-lane sum
- *   m = max_j s_j;  p_j = exp(s_j - m) (exp_neg below, a fixed polynomial);  z = sum_j p_j in j order
+ *   m = max_j s_j;  p_j = exp(s_j - m) (exp8 below, a fixed polynomial);  z = sum_j p_j in j order
  *   o = (sum_j p_j v_j, 8-lane FMA in j order) / z
- * Keys are bfloat16 (widened exactly) or float32. Nothing is vectorised across queries or keys in a
- * way that changes one query's order, so the AVX512 and AVX2 builds give the same bits too (both use
+ * Keys are bfloat16 (widened exactly) or float32. The G query heads of a kv head share the work of
+ * widening each block of keys and values, and nothing is vectorised across queries or keys in a way
+ * that changes one query's order, so the AVX512 and AVX2 builds give the same bits too (both use
  * 256-bit vectors: Zen 4 executes 512-bit FMAs as two halves anyway).
  *
  * Visibility: query t of row b sees keys [0, nkeys[b, t]) of its slot, or, when mask is given, the
@@ -40,44 +41,38 @@ static inline float hsum8(v8f v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-/* exp(x) for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87. Plain float operations only,
- * so the compiler may vectorise the loop calling it without changing a single result (the library
- * is built without floating-point contraction). */
-static inline float exp_neg(float x) {
-    if (x < -87.f) return 0.f;
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.f;
-    union { int32_t i; float f; } e = {.i = ((int32_t)n + 127) << 23};
-    return p * e.f;
+/* exp(x) per lane for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87. Every lane goes
+ * through the same instructions, so a key's weight does not depend on its neighbours. */
+static inline v8f exp8(v8f v) {
+    const __m256 x = (__m256)v;
+    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                                   _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    static const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                               1.6666665459e-1f, 5.0000001201e-1f};
+    __m256 p = _mm256_set1_ps(c[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
+    const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_max_ps(n, _mm256_set1_ps(-127.f))), _mm256_set1_epi32(127)), 23));
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
+    return (v8f)_mm256_andnot_ps(under, _mm256_mul_ps(p, e));
 }
 
-/* Scores of one query against keys [0, n): 4 keys per pass share the query's loads, each with its
- * own chain, which is exactly the chain a single key gets. */
+/* Scores of one query against keys [0, n): 8 keys per pass, each with its own FMA chain (8 chains
+ * in flight hide the FMA latency), which is exactly the chain a single key gets. */
 static void scores(const float *q, const char *k, size_t kstride, int n, int D, int bf16, float scale, float *s) {
     const int es = bf16 ? 2 : 4;
     int j = 0;
-    for (; j + 4 <= n; j += 4) {
-        v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    for (; j + 8 <= n; j += 8) {
+        v8f a[8] = {{0}};
         const char *k0 = k + (size_t)j * kstride;
         for (int d = 0; d < D; d += 8) {
             const v8f qd = load8(q + d, 0);
-            a0 = fma8(qd, load8(k0 + (size_t)d * es, bf16), a0);
-            a1 = fma8(qd, load8(k0 + kstride + (size_t)d * es, bf16), a1);
-            a2 = fma8(qd, load8(k0 + 2 * kstride + (size_t)d * es, bf16), a2);
-            a3 = fma8(qd, load8(k0 + 3 * kstride + (size_t)d * es, bf16), a3);
+            for (int i = 0; i < 8; i++) a[i] = fma8(qd, load8(k0 + i * kstride + (size_t)d * es, bf16), a[i]);
         }
-        s[j] = scale * hsum8(a0);
-        s[j + 1] = scale * hsum8(a1);
-        s[j + 2] = scale * hsum8(a2);
-        s[j + 3] = scale * hsum8(a3);
+        for (int i = 0; i < 8; i++) s[j + i] = scale * hsum8(a[i]);
     }
     for (; j < n; j++) {
         v8f a = {0};
@@ -87,61 +82,106 @@ static void scores(const float *q, const char *k, size_t kstride, int n, int D, 
     }
 }
 
-/* One query: o[D] from its scores s[0, n) (overwritten by the weights) and visibility vis (NULL:
- * all of [0, n) visible). */
-static void attend_one(float *s, int n, const uint8_t *vis, const char *v, size_t vstride, int D, int bf16, float *o) {
-    const int es = bf16 ? 2 : 4;
+/* Softmax weights of one query in place over s[0, n) (0 where vis says invisible; vis NULL: all of
+ * [0, n) visible); returns their sum z. */
+static float softmax(float *s, int n, const uint8_t *vis) {
     float m = -INFINITY;
     for (int j = 0; j < n; j++)
         if ((!vis || vis[j]) && s[j] > m) m = s[j];
-    for (int j = 0; j < n; j++) s[j] = (!vis || vis[j]) ? exp_neg(s[j] - m) : 0.f;
+    const v8f mv = {m, m, m, m, m, m, m, m};
+    int j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, (__m256)exp8(load8(s + j, 0) - mv));
+    if (j < n) { /* the tail through the same instructions, padded */
+        float t[8] = {0};
+        for (int i = j; i < n; i++) t[i - j] = s[i];
+        _mm256_storeu_ps(t, (__m256)exp8(load8(t, 0) - mv));
+        for (int i = j; i < n; i++) s[i] = t[i - j];
+    }
+    if (vis)
+        for (j = 0; j < n; j++) s[j] = vis[j] ? s[j] : 0.f;
     float z = 0.f;
-    for (int j = 0; j < n; j++)
-        if (!vis || vis[j]) z += s[j];
-    v8f acc[32]; /* D <= 256 */
-    for (int c = 0; c < D / 8; c++) acc[c] = (v8f){0};
+    for (j = 0; j < n; j++) z += s[j]; /* invisible keys add +0: z is unchanged by them */
+    return z;
+}
+
+/* acc[D] += p_j v_j over visible j in [0, n), in j order; v float32 rows of D. */
+static void accumulate(const float *p, int n, const uint8_t *vis, const float *v, int D, float *acc) {
+    v8f a[32]; /* D <= 256 */
+    for (int c = 0; c < D / 8; c++) a[c] = load8(acc + 8 * c, 0);
     for (int j = 0; j < n; j++) {
         if (vis && !vis[j]) continue;
-        const v8f p = {s[j], s[j], s[j], s[j], s[j], s[j], s[j], s[j]};
-        const char *vj = v + (size_t)j * vstride;
-        for (int c = 0; c < D / 8; c++) acc[c] = fma8(p, load8(vj + (size_t)c * 8 * es, bf16), acc[c]);
+        const v8f pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
+        for (int c = 0; c < D / 8; c++) a[c] = fma8(pj, load8(v + (size_t)j * D + 8 * c, 0), a[c]);
     }
-    for (int c = 0; c < D / 8; c++) {
-        const v8f r = acc[c] / z;
-        _mm256_storeu_ps(o + 8 * c, (__m256)r);
+    for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(acc + 8 * c, (__m256)a[c]);
+}
+
+/* Rows [0, n) of one kv head (stride row bytes) as float32 [n, D] in dst (exact for bfloat16). */
+static void widen(const char *src, size_t row, int n, int D, int bf16, float *dst) {
+    for (int j = 0; j < n; j++)
+        for (int c = 0; c < D; c += 8)
+            _mm256_storeu_ps(dst + (size_t)j * D + c, (__m256)load8(src + (size_t)j * row + (size_t)c * (bf16 ? 2 : 4), bf16));
+}
+
+#define KB 128 /* keys per block: a block's keys or values, widened, stay in L2 for all G queries */
+
+/* The G query heads that share kv head c, at token t of row b: keys and values are widened once
+ * per block and read by every one of them. q_g = q[g * qstride], o_g likewise. */
+static void group(const float *q, size_t qstride, const char *k, const char *v, size_t row, int n,
+                  const uint8_t *vis, int G, int D, int bf16, float scale, float *s, float *buf, float *acc,
+                  float *o) {
+    for (int j0 = 0; j0 < n; j0 += KB) {
+        const int nb = n - j0 < KB ? n - j0 : KB;
+        widen(k + (size_t)j0 * row, row, nb, D, bf16, buf);
+        for (int g = 0; g < G; g++) scores(q + g * qstride, (const char *)buf, (size_t)D * 4, nb, D, 0, scale, s + (size_t)g * n + j0);
     }
+    float z[64]; /* G <= 64 */
+    for (int g = 0; g < G; g++) {
+        z[g] = softmax(s + (size_t)g * n, n, vis);
+        for (int c = 0; c < D; c++) acc[(size_t)g * D + c] = 0.f;
+    }
+    for (int j0 = 0; j0 < n; j0 += KB) {
+        const int nb = n - j0 < KB ? n - j0 : KB;
+        widen(v + (size_t)j0 * row, row, nb, D, bf16, buf);
+        for (int g = 0; g < G; g++)
+            accumulate(s + (size_t)g * n + j0, nb, vis ? vis + j0 : NULL, buf, D, acc + (size_t)g * D);
+    }
+    for (int g = 0; g < G; g++)
+        for (int c = 0; c < D; c += 8) {
+            const v8f r = load8(acc + (size_t)g * D + c, 0) / z[g];
+            _mm256_storeu_ps(o + g * qstride + c, (__m256)r);
+        }
 }
 
 /* q, o: float32 [B, H, T, D]; kc, vc: one layer of the cache, [S, Hkv, Lmax, D] (bf16 or float32);
- * slots int32 [B]; nkeys int32 [B, T] (>= 1); mask uint8 [B, T, Lm] or NULL. D % 8 == 0, D <= 256.
- * Returns 0, or -1 where a scratch buffer could not be allocated. */
+ * slots int32 [B]; nkeys int32 [B, T] (>= 1); mask uint8 [B, T, Lm] or NULL. D % 8 == 0, D <= 256,
+ * H / Hkv <= 64. Returns 0, or -1 where a scratch buffer could not be allocated. */
 int specdecode_attention(const float *q, const void *kc, const void *vc, int bf16, int B, int H, int Hkv,
                          int T, int D, int Lmax, const int32_t *slots, const int32_t *nkeys, const uint8_t *mask,
                          int Lm, float scale, float *o, int nthreads) {
     const int G = H / Hkv;
-    const size_t es = bf16 ? 2 : 4, row = (size_t)D * es;
-    int failed = 0;
+    const size_t es = bf16 ? 2 : 4, row = (size_t)D * es, qstride = (size_t)T * D;
+    int lmax = 1, failed = 0;
+    for (int i = 0; i < B * T; i++)
+        if (nkeys[i] > lmax) lmax = nkeys[i];
 #pragma omp parallel num_threads(nthreads)
     {
-        int lmax = 0;
-        for (int i = 0; i < B * T; i++)
-            if (nkeys[i] > lmax) lmax = nkeys[i];
-        float *s = malloc(sizeof(float) * (size_t)(lmax > 0 ? lmax : 1));
+        /* per thread: scores [G, lmax], one widened block [KB, D], accumulators [G, D] */
+        float *s = malloc(sizeof(float) * ((size_t)G * lmax + (size_t)KB * D + (size_t)G * D));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
-            for (int h = 0; h < H; h++)
+            for (int c = 0; c < Hkv; c++)
                 for (int t = 0; t < T; t++) {
                     if (!s) continue;
-                    const int n = nkeys[b * T + t];
-                    const size_t base = ((size_t)slots[b] * Hkv + (size_t)(h / G)) * (size_t)Lmax * row;
-                    const float *qi = q + (((size_t)b * H + h) * T + t) * D;
-                    scores(qi, (const char *)kc + base, row, n, D, bf16, scale, s);
-                    attend_one(s, n, mask ? mask + ((size_t)b * T + t) * Lm : NULL, (const char *)vc + base, row, D,
-                               bf16, o + (((size_t)b * H + h) * T + t) * D);
+                    const size_t base = ((size_t)slots[b] * Hkv + (size_t)c) * (size_t)Lmax * row;
+                    const size_t qo = ((size_t)b * H + (size_t)c * G) * qstride + (size_t)t * D;
+                    group(q + qo, qstride, (const char *)kc + base, (const char *)vc + base, row, nkeys[b * T + t],
+                          mask ? mask + ((size_t)b * T + t) * Lm : NULL, G, D, bf16, scale, s,
+                          s + (size_t)G * lmax, s + (size_t)G * lmax + (size_t)KB * D, o + qo);
                 }
         free(s);
     }
