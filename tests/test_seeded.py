@@ -66,11 +66,14 @@ def test_seeded_text_is_plain_text_for_eagle_trees(knobs):
 
 def test_a_seed_fixes_sampled_draft_model_output_too():
     """Sampled drafts keep the p/q rule (their text may differ from plain sampling's), but drafts,
-    coins and draws are keyed by position: the same seed gives the same text, adaptive or not."""
-    for kw in (dict(draft_fixed=True, draft_max=3), dict(draft_max=3)):
-        a = tiny_llm("draft", draft_seed=0, draft_noise=0.3, **kw).generate(PROMPT_A, sampled(5))[0].token_ids
-        b = tiny_llm("draft", draft_seed=0, draft_noise=0.3, **kw).generate(PROMPT_A, sampled(5))[0].token_ids
-        assert a == b
+    coins and draws are keyed by position: the same seed and the same draft lengths give the same
+    text. (With adaptive lengths, chosen from measured step times, whether a position was drafted can
+    differ between runs, and a drafted position's token is drawn by another rule than a plain one's:
+    each run is an exact sample, not the same one.)"""
+    kw = dict(draft_fixed=True, draft_max=3)
+    a = tiny_llm("draft", draft_seed=0, draft_noise=0.3, **kw).generate(PROMPT_A, sampled(5))[0].token_ids
+    b = tiny_llm("draft", draft_seed=0, draft_noise=0.3, **kw).generate(PROMPT_A, sampled(5))[0].token_ids
+    assert a == b
 
 
 def test_different_seeds_give_different_text(plain_outputs):
