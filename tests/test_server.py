@@ -251,6 +251,22 @@ def test_limits_on_bodies_and_stop_strings(server):
     assert chat(server, "still here", max_tokens=2, stop=["a", "b", "c", "d"]).choices[0].message is not None
 
 
+def test_a_prompt_far_over_the_context_is_refused_before_tokenizing(server, monkeypatch):
+    """A token covers at most max_piece_chars characters: a prompt with more than 4 x that x the
+    context in characters is refused (400) without being templated or tokenized."""
+    tok = server.engine.tokenizer
+    calls = []
+    monkeypatch.setattr(type(tok), "encode", lambda self, *a, **k: calls.append(1) or [0])
+    over = "y" * (4 * server.engine.max_model_len * tok.max_piece_chars + 1)
+    for path, body in (("chat/completions", hi() | {"messages": [{"role": "user", "content": over}]}),
+                       ("completions", {"model": MODEL, "prompt": over, "max_tokens": 2})):
+        r = httpx.post(f"{server.url}/v1/{path}", headers=AUTH, json=body, timeout=60)
+        assert r.status_code == 400 and "far more than a context" in r.json()["error"]["message"]
+    assert not calls
+    monkeypatch.undo()
+    assert chat(server, "still here", max_tokens=2).choices[0].message is not None
+
+
 def test_a_failed_stream_does_not_echo_internal_detail(server):
     """A stream's response starts once the request runs: a step failing after that ends the stream
     with an error chunk, one failing before it is a plain 500; neither tells the internal detail."""

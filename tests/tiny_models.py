@@ -43,6 +43,8 @@ def ours_from_hf(m, dtype=torch.float32, num_slots: int = 4, max_len: int = 256)
 class CharTokenizer:
     """A stand-in tokenizer for random-weight models: id i is one printable character."""
 
+    max_piece_chars = 1  # a token is one character
+
     def __init__(self, vocab_size: int):
         self.vocab_size = vocab_size
         self.eos_ids: set[int] = set()

@@ -170,9 +170,18 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
                            code="model_not_found")
         return req
 
+    def check_length(chars: int) -> None:
+        """Refuses a prompt too long for the context before tokenizing it. A token covers at most
+        max_piece_chars characters; the factor 4 leaves room for normalization that merges code points."""
+        ctx = engine.max_model_len
+        if chars > 4 * ctx * tokenizer.max_piece_chars:
+            raise InvalidRequestError(f"the prompt has {chars} characters, far more than a context of {ctx} "
+                                      "tokens holds")
+
     @app.post("/v1/chat/completions", dependencies=post)
     async def chat_completions(request: Request):
         req = await parse(request, ChatRequest)
+        check_length(sum(len(m.get("content") or "") for m in req.template_messages()))
 
         def encode() -> list[int]:  # templating and tokenizing a long prompt take a while: off the loop
             text = tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
@@ -184,6 +193,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     async def completions(request: Request):
         req = await parse(request, CompletionRequest)
         prompt = req.single_prompt()
+        check_length(len(prompt))
         ids = list(prompt) if isinstance(prompt, list) else await asyncio.to_thread(tokenizer.encode, prompt)
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")

@@ -7,6 +7,7 @@ and end-of-generation ids include llama.cpp's by-name EOG tokens. A Hugging Face
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -263,6 +264,13 @@ class Tokenizer:
     chat_template = property(lambda self: self._chat_template, doc="Jinja chat template, or None.")
 
     # --- text <-> ids -----------------------------------------------------------------------------
+    @functools.cached_property
+    def max_piece_chars(self) -> int:
+        """The longest vocabulary entry as stored: no token covers more characters of text than this
+        (a byte-level piece has a character per byte), so a text of c characters has at least about
+        c / max_piece_chars tokens (normalization aside): a bound checked before tokenizing."""
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Ids for `text`; special tokens written in the text (e.g. `<|im_start|>`) become their ids.
         `add_special_tokens` adds what the model asks for (BOS for most sentencepiece models); use False
