@@ -20,7 +20,11 @@ fi
 # against the torch installed above, with its build tools. Optional: without it, --spec-type suffix
 # says so and auto drafts with prompt lookup instead.
 if ! "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null; then
+    # its build tools pin an old protobuf, which Ray Serve (the replicas extra) cannot run on: put back
+    # the version the packages installed above chose
+    pb=$("$PY" -c "import importlib.metadata as m; print(m.version('protobuf'))" 2>/dev/null || true)
     "$PY" -m pip install --quiet cmake ninja "nanobind==2.9.2" "protobuf==5.29.6" grpcio-tools &&
         "$PY" -m pip install --quiet --no-build-isolation "arctic-inference==0.3.0" ||
         echo "install.sh: arctic-inference did not build; --spec-type suffix is unavailable" >&2
+    if [ -n "$pb" ]; then "$PY" -m pip install --quiet "protobuf==$pb"; fi
 fi
