@@ -89,6 +89,33 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ReplicaConfig:
+    """``specdecode serve --replicas N``: engine replicas on Ray Serve behind one endpoint (server/replicas.py)."""
+    replicas: int | None = None  # --replicas: engine replicas; None = the single-process server (no Ray)
+    ray_address: str | None = None  # --ray-address: join this Ray cluster (auto, HOST:PORT); None = a local one
+    replica_cpus: float = 1.0  # --replica-cpus: CPUs Ray reserves per replica (its torch threads unless --threads)
+    replica_gpus: float = 0.0  # --replica-gpus: GPUs per replica (1 on a GPU node: one engine per GPU)
+    # --replica-max-imbalance: a request follows its prompt's prefix to the replica that served it, unless
+    # that replica has more than this many requests in flight beyond the least busy one; None = --max-num-seqs
+    max_imbalance: int | None = None
+
+    def __post_init__(self):
+        from .errors import InvalidRequestError
+
+        if self.replicas is None:
+            if self.ray_address is not None:
+                raise InvalidRequestError("--ray-address needs --replicas N")
+            return
+        if self.replicas < 1 or self.replica_cpus < 0 or self.replica_gpus < 0:
+            raise InvalidRequestError("--replicas must be >= 1, --replica-cpus and --replica-gpus >= 0")
+        if self.max_imbalance is not None and self.max_imbalance < 0:
+            raise InvalidRequestError("--replica-max-imbalance must be >= 0")
+
+    def imbalance(self, max_num_seqs: int) -> int:
+        return max_num_seqs if self.max_imbalance is None else self.max_imbalance
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """``specdecode serve``'s own settings (the engine's are EngineConfig's)."""
     host: str = "127.0.0.1"  # --host: this machine only

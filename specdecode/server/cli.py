@@ -8,7 +8,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from ..args import add_engine_args, add_model_args, add_spec_args, engine_config
-from ..config import ServerConfig
+from ..config import ReplicaConfig, ServerConfig
+from ..errors import SpecDecodeError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _SRV = {f.name: f.default for f in fields(ServerConfig)}
@@ -39,7 +40,41 @@ def add_serve_parser(sub) -> None:
                    help="comma-separated Host names the server answers ('*': any; default: localhost, "
                         "127.0.0.1 and ::1 when --host is a loopback address and there is no --api-key, else any)")
     s.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_replica_args(s)
     s.set_defaults(func=cmd_serve)
+
+
+_REP = {f.name: f.default for f in fields(ReplicaConfig)}
+
+
+def add_replica_args(s: argparse.ArgumentParser) -> None:
+    """Several engine replicas on Ray Serve (server/replicas.py, docs/replicas.md)."""
+    s.add_argument("--replicas", type=int, default=_REP["replicas"],
+                   help="run N engine replicas on Ray Serve behind this one endpoint (default: one engine "
+                        "in this process, no Ray)")
+    s.add_argument("--ray-address", default=_REP["ray_address"],
+                   help="with --replicas: join this Ray cluster (auto, HOST:PORT) instead of starting a local one")
+    s.add_argument("--replica-cpus", type=float, default=_REP["replica_cpus"],
+                   help="CPUs Ray reserves for each replica (fractions allowed)")
+    s.add_argument("--replica-gpus", type=float, default=_REP["replica_gpus"], help="GPUs for each replica")
+    s.add_argument("--replica-max-imbalance", dest="max_imbalance", type=int, default=_REP["max_imbalance"],
+                   help="requests follow their prompt's prefix to one replica unless it has this many more in "
+                        "flight than the least busy one (default: --max-num-seqs)")
+
+
+def replica_config(a: argparse.Namespace) -> ReplicaConfig:
+    return ReplicaConfig(**{k: getattr(a, k) for k in _REP})
+
+
+def serve_with_replicas(a: argparse.Namespace, cfg, rcfg: ReplicaConfig, scfg: ServerConfig, names: list[str]) -> int:
+    try:
+        from .replica_server import serve_replicas
+    except ImportError as e:  # no Ray, or another version without the request-router API
+        if (e.name or "").split(".")[0] != "ray":
+            raise
+        raise SpecDecodeError("--replicas runs on Ray Serve 2.60: pip install 'ray[serve]==2.60.0' "
+                              "(or ./install.sh replicas)") from None
+    return serve_replicas(cfg, rcfg, names, api_key=a.api_key, server=scfg, log_level=a.log_level)
 
 
 def _host_list(value: str) -> tuple[str, ...]:
@@ -63,10 +98,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
     logging.basicConfig(level=a.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
     cfg = engine_config(a)  # validates the options before the (slow) model load
     scfg = server_config(a)
+    rcfg = replica_config(a)
     if a.host not in LOOPBACK and not a.api_key:
         logging.getLogger("specdecode.server").warning("listening on %s without --api-key: anyone who can reach "
                                                        "this address can use the model", a.host)
+    names = a.served_model_name or [served_name(cfg.model)]
+    if rcfg.replicas is not None:
+        return serve_with_replicas(a, cfg, rcfg, scfg, names)
     llm = LLM(engine_config=cfg)
-    app = create_app(llm.engine, a.served_model_name or [served_name(cfg.model)], api_key=a.api_key, config=scfg)
+    app = create_app(llm.engine, names, api_key=a.api_key, config=scfg)
     make_server(app, a.shutdown_timeout, host=a.host, port=a.port, log_level=a.log_level).run()
     return 0
