@@ -218,6 +218,7 @@ def wait_for(srv, name, check, timeout=15.0) -> dict[str, float]:
         time.sleep(0.3)
 
 
+@pytest.mark.integration
 def test_32_requests_at_concurrency_8_identical_to_the_single_process_server(replicas, reference):
     c = client(replicas)
     with ThreadPoolExecutor(8) as pool:
@@ -227,6 +228,7 @@ def test_32_requests_at_concurrency_8_identical_to_the_single_process_server(rep
     assert sum(served.values()) == 32 and len(served) == 2 and min(served.values()) > 0, served
 
 
+@pytest.mark.integration
 def test_shared_prefixes_land_on_one_replica(replicas):
     c = client(replicas)
     before = per_replica(replicas, REQUESTS)
@@ -247,6 +249,7 @@ def test_shared_prefixes_land_on_one_replica(replicas):
     assert hits[replica] - hits_before.get(replica, 0) >= 4 * len(SYSTEM) // 10  # four reuses of the prefix
 
 
+@pytest.mark.integration
 def test_errors_as_the_single_process_server_and_a_client_that_leaves(replicas):
     url = replicas.url
     r = httpx.post(f"{url}/v1/completions", json={"model": "smol", "prompt": "x", "top_p": 5})
@@ -268,6 +271,7 @@ def test_errors_as_the_single_process_server_and_a_client_that_leaves(replicas):
     assert sum(after.values()) == sum(aborted.values()) + 1
 
 
+@pytest.mark.integration
 def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(replicas, reference):
     """A stream runs on replica R; a request sharing its prompt's prefix follows it there and waits
     for R's one slot; others go to the other replica. R is killed: the stream ends with an error
