@@ -24,6 +24,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="auto | float32 | bfloat16 | float16 (auto: bfloat16 for quantized weights on CPU)")
     p.add_argument("--threads", "-t", type=int, default=_ENG["threads"])
     p.add_argument("--ctx-size", "-c", dest="max_model_len", type=int, default=_ENG["max_model_len"])
+    p.add_argument("--attention-backend", default=_ENG["attention_backend"],
+                   help="auto (cpu-native, batch-invariant, on a CPU where the native kernels build; else "
+                        "torch-sdpa), cpu-native, torch-sdpa")
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -36,7 +39,6 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    default=_ENG["enable_prefix_caching"], help="always prefill whole prompts")
     p.add_argument("--prefill-chunk", type=int, default=_ENG["prefill_chunk"],
                    help="prompt tokens per forward (bounds a long prompt's stall of running decodes)")
-    p.add_argument("--attention-backend", default=_ENG["attention_backend"], help="runtime/attention backend")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:

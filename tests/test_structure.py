@@ -206,6 +206,8 @@ def test_cli_flags_follow_the_config_defaults():
     assert (a.max_num_seqs, a.enable_prefix_caching, a.prefill_chunk, a.attention_backend) == \
         (cfg.max_num_seqs, cfg.enable_prefix_caching, cfg.prefill_chunk, cfg.attention_backend)
     assert build_parser().parse_args(["serve", "--no-prefix-cache"]).enable_prefix_caching is False
+    for cmd in (["generate", "-p", "x"], ["bench"], ["bench-serve"]):  # a model-running flag everywhere
+        assert build_parser().parse_args([*cmd, "--attention-backend", "torch-sdpa"]).attention_backend == "torch-sdpa"
 
 
 def test_sliding_window_caps_the_context():

@@ -104,16 +104,31 @@ static float softmax(float *s, int n, const uint8_t *vis) {
     return z;
 }
 
-/* acc[D] += p_j v_j over visible j in [0, n), in j order; v float32 rows of D. */
+/* acc[D] += p_j v_j over visible j in [0, n), in j order; v float32 rows of D. Eight vectors of
+ * acc (64 floats) at a time, so that they stay in registers across the key loop; each element's
+ * chain over j is the same whatever the chunking. */
 static void accumulate(const float *p, int n, const uint8_t *vis, const float *v, int D, float *acc) {
-    v8f a[32]; /* D <= 256 */
-    for (int c = 0; c < D / 8; c++) a[c] = load8(acc + 8 * c, 0);
-    for (int j = 0; j < n; j++) {
-        if (vis && !vis[j]) continue;
-        const v8f pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
-        for (int c = 0; c < D / 8; c++) a[c] = fma8(pj, load8(v + (size_t)j * D + 8 * c, 0), a[c]);
+    int c0 = 0;
+    for (; c0 + 64 <= D; c0 += 64) {
+        v8f a[8];
+        for (int i = 0; i < 8; i++) a[i] = load8(acc + c0 + 8 * i, 0);
+        for (int j = 0; j < n; j++) {
+            if (vis && !vis[j]) continue;
+            const v8f pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
+            const float *vj = v + (size_t)j * D + c0;
+            for (int i = 0; i < 8; i++) a[i] = fma8(pj, load8(vj + 8 * i, 0), a[i]);
+        }
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(acc + c0 + 8 * i, (__m256)a[i]);
     }
-    for (int c = 0; c < D / 8; c++) _mm256_storeu_ps(acc + 8 * c, (__m256)a[c]);
+    for (; c0 < D; c0 += 8) { /* head dims that are not a multiple of 64 */
+        v8f a = load8(acc + c0, 0);
+        for (int j = 0; j < n; j++) {
+            if (vis && !vis[j]) continue;
+            const v8f pj = {p[j], p[j], p[j], p[j], p[j], p[j], p[j], p[j]};
+            a = fma8(pj, load8(v + (size_t)j * D + c0, 0), a);
+        }
+        _mm256_storeu_ps(acc + c0, (__m256)a);
+    }
 }
 
 /* Rows [0, n) of one kv head (stride row bytes) as float32 [n, D] in dst (exact for bfloat16). */
@@ -123,7 +138,7 @@ static void widen(const char *src, size_t row, int n, int D, int bf16, float *ds
             _mm256_storeu_ps(dst + (size_t)j * D + c, (__m256)load8(src + (size_t)j * row + (size_t)c * (bf16 ? 2 : 4), bf16));
 }
 
-#define KB 128 /* keys per block: a block's keys or values, widened, stay in L2 for all G queries */
+#define KB 32 /* keys per block: a block's keys or values, widened (16 KB at D = 128), stay in L1 for all G queries */
 
 /* The G query heads that share kv head c, at token t of row b: keys and values are widened once
  * per block and read by every one of them. q_g = q[g * qstride], o_g likewise. */
