@@ -95,3 +95,21 @@ def test_avx2_body_gives_the_same_bits():
         a = native_kernels().attention(q, kv.k[1], kv.v[1], slots, nkeys, m)
         b = avx2.attention(q, kv.k[1], kv.v[1], slots, nkeys, m)
         assert torch.equal(a, b)
+
+
+def test_native_rmsnorm_matches_torch_and_is_row_invariant():
+    """The RMSNorm the layers use on CPU: PyTorch's result within float32 rounding, and each row's
+    bits independent of the rows beside it."""
+    from specdecode.layers.norm import RMSNorm
+
+    norm = RMSNorm(96, 1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 96, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        y = norm(x)
+        torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (96,), norm.weight, 1e-6), rtol=1e-5, atol=1e-6)
+        assert torch.equal(norm(x[1:2, 3:4]), y[1:2, 3:4])
+    x.requires_grad_(True)  # training keeps PyTorch's differentiable path
+    norm(x).sum().backward()
+    assert x.grad is not None

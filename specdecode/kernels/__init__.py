@@ -2,7 +2,7 @@
 
 One library from two sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs, and ``attention.c``, batch-invariant attention over
-the slot KV cache. It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
+the slot KV cache and RMSNorm. It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
 get None from ``native_kernels()`` and use PyTorch's own kernels.
@@ -130,6 +130,14 @@ class NativeKernels:
         return o
 
 
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """x float32 contiguous [..., D] (D % 8 == 0), weight float32 [D] -> float32 [..., D]."""
+        y = torch.empty_like(x)
+        self.lib.specdecode_rmsnorm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // x.shape[-1],
+                                    x.shape[-1], eps)
+        return y
+
+
 def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     """Builds (or finds in the cache) and loads the library; raises RuntimeError or OSError where it
     cannot. extra_flags are appended to the compiler's (tests build the AVX2 body with -mno-avx512f)."""
@@ -144,6 +152,8 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_int8_gemm.restype = None
     lib.specdecode_attention.argtypes = [p, p, p, i, i, i, i, i, i, i, p, p, p, i, ctypes.c_float, p, i]
     lib.specdecode_attention.restype = i
+    lib.specdecode_rmsnorm.argtypes = [p, p, p, i, i, ctypes.c_float]
+    lib.specdecode_rmsnorm.restype = None
     lib.specdecode_isa.restype = ctypes.c_char_p
     return NativeKernels(lib, lib.specdecode_isa().decode())
 
