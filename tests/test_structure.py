@@ -244,7 +244,7 @@ def test_bundled_heads_are_package_data():
         find_head("nope", "eagle3")
 
 
-def test_a_built_wheel_carries_the_heads(tmp_path):
+def test_a_built_wheel_carries_the_heads_and_kernel_sources(tmp_path):
     import subprocess
     import zipfile
 
@@ -255,6 +255,9 @@ def test_a_built_wheel_carries_the_heads(tmp_path):
     for head in ("smollm2-135m-instruct-eagle3/model.safetensors", "smollm2-135m-instruct-eagle3/config.json",
                  "smollm2-mtp/mtp.safetensors", "smollm2-mtp/config.json"):
         assert f"specdecode/heads/{head}" in names, head
+    from specdecode.kernels import _HEADERS, _SOURCES
+    for src in _SOURCES + _HEADERS:  # compiled on first use, from the installed package
+        assert f"specdecode/kernels/{src.name}" in names, src.name
 
 
 def test_a_missing_optional_package_is_one_line(monkeypatch, capsys):

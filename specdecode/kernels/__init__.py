@@ -1,8 +1,8 @@
 """Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
 
-One library from two sources (see their headers for why they exist and their exact arithmetic):
-``quant_gemm.c``, weight-only int4 and int8 GEMMs, and ``attention.c``, batch-invariant attention over
-the slot KV cache and RMSNorm. It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
+One library from three sources (see their headers for why they exist and their exact arithmetic):
+``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
+the slot KV cache; ``norm.c``, RMSNorm (``simd.h``: the vector helpers the last two share). It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
 get None from ``native_kernels()`` and use PyTorch's own kernels.
@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c"))
+_HEADERS = (Path(__file__).with_name("simd.h"),)
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
 
@@ -55,7 +56,7 @@ def _build(cc: str, flags: list[str]) -> Path:
     """Compiles the library once per (source, flags, compiler, CPU); concurrent builders race
     harmlessly (each writes a temporary file and renames it into place)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([*(s.read_text() for s in _SOURCES), " ".join(flags), version,
+    key = hashlib.sha256("\0".join([*(s.read_text() for s in _SOURCES + _HEADERS), " ".join(flags), version,
                                      _cpu_key()]).encode())
     out = _cache_dir() / f"specdecode-{key.hexdigest()[:16]}.so"
     if out.exists():

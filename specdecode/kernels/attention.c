@@ -20,26 +20,11 @@
  * Visibility: query t of row b sees keys [0, nkeys[b, t]) of its slot, or, when mask is given, the
  * keys j < nkeys[b, t] with mask[b, t, j] != 0 (tree nodes: the prefix and their ancestors).
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-typedef float v8f __attribute__((vector_size(32)));
-
-static inline v8f load8(const void *p, int bf16) {
-    if (bf16) /* bfloat16 -> float32 is a 16-bit shift: exact */
-        return (v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
-    return (v8f)_mm256_loadu_ps((const float *)p);
-}
-
-static inline v8f fma8(v8f a, v8f b, v8f c) { return (v8f)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
-
-static inline float hsum8(v8f v) {
-    const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
-    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
+#include "simd.h"
 
 /* exp(x) per lane for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87. Every lane goes
  * through the same instructions, so a key's weight does not depend on its neighbours. */
@@ -203,20 +188,3 @@ int specdecode_attention(const float *q, const void *kc, const void *vc, int bf1
     return failed ? -1 : 0;
 }
 
-/* RMSNorm of rows x [R, D] float32: y = x / sqrt(mean(x^2) + eps) * w. Each row on its own, its
- * sum of squares in one fixed order (8 lanes, then a fixed lane sum), so a row's result does not
- * depend on the others. D % 8 == 0. Runs on the calling thread: a row costs ~100 ns. */
-void specdecode_rmsnorm(const float *x, const float *w, float *y, int R, int D, float eps) {
-    for (int r = 0; r < R; r++) {
-        const float *xr = x + (size_t)r * D;
-        float *yr = y + (size_t)r * D;
-        v8f acc = {0};
-        for (int d = 0; d < D; d += 8) {
-            const v8f v = load8(xr + d, 0);
-            acc = fma8(v, v, acc);
-        }
-        const float inv = 1.f / sqrtf(hsum8(acc) / (float)D + eps);
-        const v8f s = {inv, inv, inv, inv, inv, inv, inv, inv};
-        for (int d = 0; d < D; d += 8) _mm256_storeu_ps(yr + d, (__m256)(load8(xr + d, 0) * s * load8(w + d, 0)));
-    }
-}
