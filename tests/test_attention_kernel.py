@@ -20,7 +20,8 @@ def _cache(dtype, slots=4, max_len=96):
     kv = KVCache(LAYERS, slots, max_len, HKV, D, dtype)
     g = torch.Generator().manual_seed(0)
     for s in range(slots):  # a committed prefix of 40 random tokens in every slot
-        kv.write(1, torch.randn(1, HKV, 40, D, generator=g), torch.randn(1, HKV, 40, D, generator=g), [s], [0], [40], 40)
+        k, v = torch.randn(1, HKV, 40, D, generator=g), torch.randn(1, HKV, 40, D, generator=g)
+        kv.write(1, k, v, [s], [0], [40], 40)
         kv.set_length(s, 40)
     return kv
 
@@ -88,7 +89,8 @@ def test_avx2_body_gives_the_same_bits():
     kv = _cache(torch.bfloat16)
     g = torch.Generator().manual_seed(7)
     q = torch.randn(2, H, 3, D, generator=g)
-    slots, nkeys = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([[38, 39, 40], [20, 21, 22]], dtype=torch.int32)
+    slots = torch.tensor([0, 3], dtype=torch.int32)
+    nkeys = torch.tensor([[38, 39, 40], [20, 21, 22]], dtype=torch.int32)
     mask = (torch.rand(2, 3, 40, generator=g) > 0.3).to(torch.uint8)
     mask[..., 0] = 1
     for m in (None, mask):

@@ -2,7 +2,8 @@
 
 One library from three sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
-the slot KV cache; ``norm.c``, RMSNorm (``simd.h``: the vector helpers the last two share). It is built with ``-march=native`` into a per-user cache keyed by the source, the compiler and the CPU, and
+the slot KV cache; ``norm.c``, RMSNorm (``simd.h``: the vector helpers the last two share). It is
+built with ``-march=native`` into a per-user cache keyed by the sources, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
 get None from ``native_kernels()`` and use PyTorch's own kernels.

@@ -120,7 +120,8 @@ static void accumulate(const float *p, int n, const uint8_t *vis, const float *v
 static void widen(const char *src, size_t row, int n, int D, int bf16, float *dst) {
     for (int j = 0; j < n; j++)
         for (int c = 0; c < D; c += 8)
-            _mm256_storeu_ps(dst + (size_t)j * D + c, (__m256)load8(src + (size_t)j * row + (size_t)c * (bf16 ? 2 : 4), bf16));
+            _mm256_storeu_ps(dst + (size_t)j * D + c,
+                             (__m256)load8(src + (size_t)j * row + (size_t)c * (bf16 ? 2 : 4), bf16));
 }
 
 #define KB 32 /* keys per block: a block's keys or values, widened (16 KB at D = 128), stay in L1 for all G queries */
@@ -133,7 +134,8 @@ static void group(const float *q, size_t qstride, const char *k, const char *v, 
     for (int j0 = 0; j0 < n; j0 += KB) {
         const int nb = n - j0 < KB ? n - j0 : KB;
         widen(k + (size_t)j0 * row, row, nb, D, bf16, buf);
-        for (int g = 0; g < G; g++) scores(q + g * qstride, (const char *)buf, (size_t)D * 4, nb, D, 0, scale, s + (size_t)g * n + j0);
+        for (int g = 0; g < G; g++)
+            scores(q + g * qstride, (const char *)buf, (size_t)D * 4, nb, D, 0, scale, s + (size_t)g * n + j0);
     }
     float z[64]; /* G <= 64 */
     for (int g = 0; g < G; g++) {

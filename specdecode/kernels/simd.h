@@ -8,7 +8,8 @@ typedef float v8f __attribute__((vector_size(32)));
 
 static inline v8f load8(const void *p, int bf16) {
     if (bf16) /* bfloat16 -> float32 is a 16-bit shift: exact */
-        return (v8f)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+        return (v8f)_mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
     return (v8f)_mm256_loadu_ps((const float *)p);
 }
 

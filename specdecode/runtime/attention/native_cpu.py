@@ -30,8 +30,10 @@ class NativeCPUBackend(TorchSDPABackend):
     def forward(self, layer, q, k, v, ctx: Context):
         nk = native_kernels()
         kv = ctx.kv
-        if (nk is None or type(kv) is not KVCache or q.device.type != "cpu" or kv.k.dtype not in (torch.bfloat16, torch.float32)
-                or q.shape[-1] % 8 or q.shape[-1] > 256 or q.shape[1] // k.shape[1] > 64):
+        D = q.shape[-1]
+        if (nk is None or type(kv) is not KVCache or q.device.type != "cpu"
+                or kv.k.dtype not in (torch.bfloat16, torch.float32)
+                or D % 8 or D > 256 or q.shape[1] // k.shape[1] > 64):
             return super().forward(layer, q, k, v, ctx)
         kv.write(layer, k, v, ctx.slots, ctx.starts, ctx.num_new, ctx.total_len)
         nkeys, mask, slots = _visibility(ctx)
