@@ -8,14 +8,13 @@ away (waiting, streaming or not) is aborted at once: its slot and KV are free be
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import secrets
 from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
@@ -24,15 +23,11 @@ from ..engine.engine import Engine
 from ..errors import InvalidRequestError, SpecDecodeError
 from .admission import ApiError, allowed_hosts, check_capacity, check_host, check_json, clip, read_body
 from .metrics import CONTENT_TYPE, ServerMetrics
-from .schemas import BaseRequest, ChatRequest, CompletionRequest, ResponseBuilder, error_body, usage
+from .schemas import (BaseRequest, ChatRequest, CompletionRequest, ResponseBuilder, error_body, error_response,
+                      sse, usage)
 from .worker import EngineWorker, RequestHandle
 
 log = logging.getLogger("specdecode.server")
-
-
-def _error(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
-           headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
 
 
 def _describe(e: ValidationError) -> str:
@@ -41,10 +36,6 @@ def _describe(e: ValidationError) -> str:
         return f"the body is not valid JSON ({err['msg'].removeprefix('Invalid JSON: ')})"
     where = ".".join(str(p) for p in err["loc"])
     return f"{where}: {err['msg']}" if where else f"the body must be a JSON object ({err['msg']})"
-
-
-def _sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
 def _spec(handle: RequestHandle) -> dict:
@@ -100,29 +91,29 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
         metrics.errors.labels(str(e.status)).inc()
-        return _error(e.status, e.message, e.type, e.code, e.headers)
+        return error_response(e.status, e.message, e.type, e.code, e.headers)
 
     @app.exception_handler(SpecDecodeError)
     async def _user_error(request, e: SpecDecodeError):
         metrics.errors.labels("400").inc()
-        return _error(400, str(e))
+        return error_response(400, str(e))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, e: RequestValidationError):
         metrics.errors.labels("400").inc()
-        return _error(400, str(e.errors()[0].get("msg", "invalid request")))
+        return error_response(400, str(e.errors()[0].get("msg", "invalid request")))
 
     @app.exception_handler(HTTPException)
     async def _http_error(request, e: HTTPException):
         metrics.errors.labels(str(e.status_code)).inc()
         code = {401: "invalid_api_key", 404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
-        return _error(e.status_code, str(e.detail), code=code, headers=getattr(e, "headers", None))
+        return error_response(e.status_code, str(e.detail), code=code, headers=getattr(e, "headers", None))
 
     @app.exception_handler(Exception)
     async def _internal_error(request, e: Exception):
         log.exception("internal error")
         metrics.errors.labels("500").inc()
-        return _error(500, "internal server error", "internal_error")
+        return error_response(500, "internal server error", "internal_error")
 
     async def check_key(request: Request) -> None:
         if api_key is None:
@@ -146,7 +137,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     @app.get("/health")
     async def health():
         if not worker.alive:
-            return _error(503, "the engine is not running", "server_error")
+            return error_response(503, "the engine is not running", "server_error")
         return {"status": "ok"}
 
     @app.get("/v1/models", dependencies=auth)
@@ -257,26 +248,26 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
 
     async def stream(handle: RequestHandle, rb: ResponseBuilder, include_usage: bool, endpoint: str):
         if rb.chat:
-            yield _sse(rb.chunk(role=True, with_usage=include_usage))
+            yield sse(rb.chunk(role=True, with_usage=include_usage))
         while True:
             kind, value = await handle.events.get()
             if kind == "delta":
-                yield _sse(rb.chunk(value, with_usage=include_usage))
+                yield sse(rb.chunk(value, with_usage=include_usage))
             elif kind == "error":  # headers are gone: report in the stream, as OpenAI and vLLM do
                 if isinstance(value, SpecDecodeError):
                     message = str(value)
                 else:  # internal detail stays in the log (the worker logged it), not in the response
                     message = "generation failed (internal error)"
-                yield _sse(error_body(message, "internal_error"))
+                yield sse(error_body(message, "internal_error"))
                 break
             else:
                 seq = handle.seq
                 metrics.observe(endpoint, seq, handle.queue_seconds)
                 final = rb.chunk(None, seq.finish_reason, with_usage=include_usage)
                 final["spec"] = _spec(handle)
-                yield _sse(final)
+                yield sse(final)
                 if include_usage:
-                    yield _sse(rb.usage_chunk(usage(len(seq.prompt_ids), len(seq.output_ids)), final["spec"]))
+                    yield sse(rb.usage_chunk(usage(len(seq.prompt_ids), len(seq.output_ids)), final["spec"]))
                 break
         yield "data: [DONE]\n\n"
 

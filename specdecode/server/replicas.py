@@ -26,7 +26,7 @@ from ray.exceptions import RayActorError
 from ray.serve.config import RequestRouterConfig
 from ray.serve.exceptions import ReplicaUnavailableError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from ..config import EngineConfig, ReplicaConfig, ServerConfig
 from .admission import ApiError, read_body
@@ -34,7 +34,7 @@ from .app import create_app
 from .metrics import CONTENT_TYPE as METRICS_TYPE
 from .asgi_call import HttpCall, Lifespan, call, get
 from .replica_metrics import PUSH_PERIOD, IngressMetrics
-from .schemas import error_body
+from .schemas import error_body, error_response, sse
 
 log = logging.getLogger("specdecode.server")
 
@@ -91,14 +91,6 @@ def routing_text(path: str, body: bytes) -> str:
     return text[:ROUTING_CHARS]
 
 
-def _error(status: int, message: str, type_: str, code: str | None = None, headers: dict | None = None):
-    return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
-
-
-def _sse(obj) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
-
-
 class EngineReplica:
     """One engine behind the single-process server's app; requests arrive as ``forward`` calls."""
 
@@ -150,7 +142,7 @@ class Ingress:
         try:  # the whole body is held here: refuse an oversized one as the replica would
             body = await read_body(request, self.server.max_body_bytes)
         except ApiError as e:
-            return _error(e.status, e.message, e.type, e.code, e.headers)
+            return error_response(e.status, e.message, e.type, e.code, e.headers)
         http = HttpCall(request.method, request.url.path, request.scope.get("query_string", b""),
                         tuple(request.scope["headers"]), body)
         req = RoutedCall(http, routing_text(http.path, http.body))
@@ -170,26 +162,26 @@ class Ingress:
                 raise
             except Exception:
                 log.exception("relaying a request to an engine replica failed")
-                return _error(500, "internal server error", "internal_error")
+                return error_response(500, "internal server error", "internal_error")
             if (http.method, http.path, first["status"]) == ("GET", "/metrics", 200):
                 # a replica's app let the scrape in (API key, Host): the answer covers every replica
                 return Response(self.metrics.render(await self.board.reports.remote()), media_type=METRICS_TYPE)
             return self._respond(first, gen)
-        return _error(503, "no engine replica could take the request; retry later", "server_error",
-                      headers={"Retry-After": "1"})
+        return error_response(503, "no engine replica could take the request; retry later", "server_error",
+                              headers={"Retry-After": "1"})
 
     def _respond(self, first: dict, gen) -> Response:
         headers = [(k.lower(), v) for k, v in first["headers"]] + [("x-specdecode-replica", first["replica"])]
         if first["more"]:
-            sse = any(k == "content-type" and v.startswith("text/event-stream") for k, v in headers)
-            resp = StreamingResponse(self._rest(first["body"], gen, sse), first["status"])
+            is_sse = any(k == "content-type" and v.startswith("text/event-stream") for k, v in headers)
+            resp = StreamingResponse(self._rest(first["body"], gen, is_sse), first["status"])
             headers = [(k, v) for k, v in headers if k != "content-length"]
         else:
             resp = Response(first["body"], first["status"])
         resp.raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         return resp
 
-    async def _rest(self, body: bytes, gen, sse: bool):
+    async def _rest(self, body: bytes, gen, is_sse: bool):
         yield body
         finished = False
         try:
@@ -200,8 +192,8 @@ class Ingress:
             finished = True
             log.warning("an engine replica went away mid-stream; the stream ends with an error")
             self.metrics.lost_streams.inc()
-            if sse:  # as the single-process server reports a failure once the headers are gone
-                yield _sse(error_body(LOST, "internal_error")) + "data: [DONE]\n\n"
+            if is_sse:  # as the single-process server reports a failure once the headers are gone
+                yield sse(error_body(LOST, "internal_error")) + "data: [DONE]\n\n"
         finally:
             if not finished:  # the client went away: abort the request on its replica
                 gen.cancel()

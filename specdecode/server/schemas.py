@@ -6,10 +6,12 @@ accepted; unknown fields are ignored, as OpenAI does. Features we do not impleme
 probabilities, penalties, echo) are refused with a 400 rather than silently ignored."""
 from __future__ import annotations
 
+import json
 import time
 import uuid
 
 from pydantic import BaseModel, ConfigDict
+from starlette.responses import JSONResponse
 
 from ..errors import InvalidRequestError
 from ..sampling_params import SamplingParams
@@ -182,3 +184,13 @@ class ResponseBuilder:
     def usage_chunk(self, use: dict, spec: dict) -> dict:
         obj = self.object + ".chunk" if self.chat else self.object
         return {**self._envelope(obj, []), "usage": use, "spec": spec}
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, code), status_code=status, headers=headers)
+
+
+def sse(obj) -> str:
+    """One server-sent event carrying ``obj`` as JSON."""
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
