@@ -7,7 +7,7 @@
  * 4-bit codes meet them in integer dot-product instructions (AVX512-VNNI vpdpbusd, or AVX2
  * maddubs+madd): unpacking a weight costs ~1/32 instruction, it is shared by every activation row,
  * and each row adds ~1 instruction per 64 multiply-adds. Decode becomes bandwidth-bound and a verify
- * of up to 8 rows reads the weights once.
+ * of up to 10 rows (8 on AVX2) reads the weights once.
  *
  * int4 weight format (packed by specdecode/kernels/__init__.py:pack_int4): codes c in 0..15 with
  *   w[n, k] = (c[n, k] - 8) * scale[n, g] + zero[n, g],   g = k / gs
@@ -37,10 +37,18 @@
 #include <stddef.h>
 
 #define TILE 16
-#define MAX_ROWS 8 /* activation rows per pass over a tile's weights (registers: 2 per row) */
+/* Software prefetch distance in bytes of packed weights: a thread streams its tiles in order, and
+ * prefetching 8 KB ahead lets one row's GEMV stream its weights ~15 % faster than the hardware
+ * prefetcher alone does (measured on Zen 4; 4-16 KB measured alike). */
+#ifndef PF_DIST
+#define PF_DIST 8192
+#endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define SPECDECODE_ISA "avx512vnni"
+/* Activation rows per pass over a tile's weights: 2 registers each (of 32), so that a verify of up
+ * to 10 tokens reads the weights once. */
+#define MAX_ROWS 10
 #define INT8_UNSIGNED_BIAS 1 /* vpdpbusd sees u = q + 128: the kernel subtracts 128 sum(sx xq) */
 
 /* One activation group p[0 .. gs) -> q int8 and its max |x|, float sum and integer sum of q:
@@ -77,6 +85,7 @@ static inline __attribute__((always_inline)) void tile_rows(
         const size_t tg = (size_t)t * G + g;
         const uint8_t *wg = w + tg * (size_t)(C * 64);
         const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
+        for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
         __m512i dot[MAX_ROWS];
         for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
         for (int j = 0; j < C; j++) {
@@ -111,6 +120,7 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
     for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
     const uint8_t *wt = w + (size_t)t * TILE * K;
     for (int g = 0; g < G; g++) {
+        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_DIST + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
         __m512i dot[MAX_ROWS];
         for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
@@ -131,6 +141,7 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SPECDECODE_ISA "avx2"
+#define MAX_ROWS 8 /* activation rows per pass (AVX2 has 16 registers: more rows spill) */
 #define INT8_UNSIGNED_BIAS 0 /* the AVX2 body multiplies q itself */
 
 static inline float hmax8(__m256 v) {
@@ -188,6 +199,7 @@ static inline __attribute__((always_inline)) void tile_rows(
         const size_t tg = (size_t)t * G + g;
         const uint8_t *wg = w + tg * (size_t)(C * 64);
         const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
+        for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
         __m256i dot[MAX_ROWS][2];
         for (int i = 0; i < RB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
         for (int j = 0; j < C; j++) {
@@ -229,6 +241,7 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
     for (int i = 0; i < RB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const uint8_t *wt = w + (size_t)t * TILE * K;
     for (int g = 0; g < G; g++) {
+        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_DIST + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
         __m256i dot[MAX_ROWS][2];
         for (int i = 0; i < RB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -291,6 +304,10 @@ static void tile(const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, 
     case 5: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 5, y, N); break;
     case 6: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 6, y, N); break;
     case 7: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 7, y, N); break;
+#if MAX_ROWS > 8
+    case 8: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 8, y, N); break;
+    case 9: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 9, y, N); break;
+#endif
     default: break;
     }
 }
@@ -307,6 +324,10 @@ static void tile_i8(const uint8_t *w, const float *ws, int K, int t, const int8_
     case 5: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 5, y, N); break;
     case 6: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 6, y, N); break;
     case 7: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 7, y, N); break;
+#if MAX_ROWS > 8
+    case 8: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 8, y, N); break;
+    case 9: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 9, y, N); break;
+#endif
     default: break;
     }
 }
