@@ -1,8 +1,9 @@
 """Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
 
-One library from three sources (see their headers for why they exist and their exact arithmetic):
+One library from four sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
-the slot KV cache; ``norm.c``, RMSNorm (``simd.h``: the vector helpers the last two share). It is
+the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
+from the other three (``simd.h``: the vector helpers they share; ``layer.py``: its operands). It is
 built with ``-march=native`` into a per-user cache keyed by the sources, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c"))
 _HEADERS = (Path(__file__).with_name("simd.h"),)
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
@@ -140,6 +141,30 @@ class NativeKernels:
         return y
 
 
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """gate_up float32 contiguous [..., 2 I] (I % 8 == 0) -> silu(gate) * up, float32 [..., I]."""
+        i = gate_up.shape[-1] // 2
+        out = gate_up.new_empty(gate_up.shape[:-1] + (i,))
+        self.lib.specdecode_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * i), i, out.data_ptr())
+        return out
+
+    def layer_scratch(self, layer, rows: int) -> torch.Tensor:
+        """Scratch for decoder_layer over ``rows`` activation rows (layer: a kernels.layer.SdLayer)."""
+        n = self.lib.specdecode_layer_scratch(ctypes.addressof(layer), rows)
+        return torch.empty((n + 63) // 4 + 16)
+
+    def decoder_layer(self, layer, batch, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor,
+                      scratch: torch.Tensor) -> None:
+        """layer.c: x float32 contiguous [B T, hidden] becomes the layer's output in place; kc, vc this
+        layer's cache [S, Hkv, Lmax, D]. layer, batch: kernels.layer.SdLayer, SdBatch."""
+        ptr = scratch.data_ptr()
+        rc = self.lib.specdecode_decoder_layer(ctypes.addressof(layer), ctypes.addressof(batch), kc.data_ptr(),
+                                               vc.data_ptr(), x.data_ptr(), ptr + (-ptr) % 64,
+                                               torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("native decoder layer: scratch allocation failed")
+
+
 def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     """Builds (or finds in the cache) and loads the library; raises RuntimeError or OSError where it
     cannot. extra_flags are appended to the compiler's (tests build the AVX2 body with -mno-avx512f)."""
@@ -156,6 +181,12 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_attention.restype = i
     lib.specdecode_rmsnorm.argtypes = [p, p, p, i, i, ctypes.c_float]
     lib.specdecode_rmsnorm.restype = None
+    lib.specdecode_silu_mul.argtypes = [p, i, i, p]
+    lib.specdecode_silu_mul.restype = None
+    lib.specdecode_layer_scratch.argtypes = [p, i]
+    lib.specdecode_layer_scratch.restype = ctypes.c_size_t
+    lib.specdecode_decoder_layer.argtypes = [p, p, p, p, p, p, i]
+    lib.specdecode_decoder_layer.restype = i
     lib.specdecode_isa.restype = ctypes.c_char_p
     return NativeKernels(lib, lib.specdecode_isa().decode())
 

@@ -26,25 +26,6 @@
 
 #include "simd.h"
 
-/* exp(x) per lane for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87. Every lane goes
- * through the same instructions, so a key's weight does not depend on its neighbours. */
-static inline v8f exp8(v8f v) {
-    const __m256 x = (__m256)v;
-    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                                   _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-    static const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                               1.6666665459e-1f, 5.0000001201e-1f};
-    __m256 p = _mm256_set1_ps(c[0]);
-    for (int i = 1; i < 6; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
-    const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_max_ps(n, _mm256_set1_ps(-127.f))), _mm256_set1_epi32(127)), 23));
-    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
-    return (v8f)_mm256_andnot_ps(under, _mm256_mul_ps(p, e));
-}
-
 /* Scores of one query against keys [0, n): 8 keys per pass, each with its own FMA chain (8 chains
  * in flight hide the FMA latency), which is exactly the chain a single key gets. */
 static void scores(const float *q, const char *k, size_t kstride, int n, int D, int bf16, float scale, float *s) {

@@ -1,4 +1,4 @@
-/* 8-lane float vectors shared by attention.c and norm.c: 256-bit in both the AVX512 and the AVX2
+/* 8-lane float vectors shared by attention.c, norm.c and layer.c: 256-bit in both the AVX512 and the AVX2
  * body, so the two give the same bits. */
 #ifndef SPECDECODE_SIMD_H
 #define SPECDECODE_SIMD_H
@@ -19,6 +19,25 @@ static inline float hsum8(v8f v) {
     const __m128 s = _mm_add_ps(_mm256_castps256_ps128((__m256)v), _mm256_extractf128_ps((__m256)v, 1));
     const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* exp(x) per lane for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87. Every lane goes
+ * through the same instructions, so a key's weight does not depend on its neighbours. */
+static inline v8f exp8(v8f v) {
+    const __m256 x = (__m256)v;
+    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                                   _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    static const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                               1.6666665459e-1f, 5.0000001201e-1f};
+    __m256 p = _mm256_set1_ps(c[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
+    const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_max_ps(n, _mm256_set1_ps(-127.f))), _mm256_set1_epi32(127)), 23));
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
+    return (v8f)_mm256_andnot_ps(under, _mm256_mul_ps(p, e));
 }
 
 #endif

@@ -17,6 +17,7 @@ from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding
 from .config import Architecture, ModelConfig
+from .llama_native import NativeForward
 
 
 class DecoderLayer(nn.Module):
@@ -48,6 +49,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         tied = cfg.tie_word_embeddings and not separate_head
         self.lm_head = None if tied else make_linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self._native = NativeForward(self)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -61,10 +63,16 @@ class LlamaModel(nn.Module):
         ctx = get_context()
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
+        fused = self._native.begin(ctx, x, cos, sin)  # one native call per layer where it applies
+        if fused is not None:
+            x = x.contiguous().clone()  # updated in place layer by layer
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin)
+            if fused is not None:
+                fused.layer(i, x)
+            else:
+                x = layer(x, cos, sin)
             if i in ctx.capture_layers:
-                ctx.captured[i] = x
+                ctx.captured[i] = x.clone() if fused is not None else x
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -102,15 +102,20 @@ class KVCache:
               num_new: list[int], total_len: int) -> None:
         """update's write half, for backends that read the cache in place: zeroes what a later
         reader of [0, total_len) could see unwritten, then stores the new rows."""
+        self.clean(slots, total_len)
         ck, cv = self.k[layer], self.v[layer]
+        for b, (slot, s, n) in enumerate(zip(slots, starts, num_new)):
+            ck[slot, :, s:s + n] = k[b, :, :n]
+            cv[slot, :, s:s + n] = v[b, :, :n]
+
+    def clean(self, slots: list[int], total_len: int) -> None:
+        """Zeroes, in every layer, the entries [0, total_len) of these slots that were never written,
+        so that a reader of that range sees finite values (a forward calls it before its writes)."""
         for slot in slots:
             if self._clean[slot] < total_len:
                 self.k[:, slot, :, self._clean[slot]:total_len] = 0
                 self.v[:, slot, :, self._clean[slot]:total_len] = 0
                 self._clean[slot] = total_len
-        for b, (slot, s, n) in enumerate(zip(slots, starts, num_new)):
-            ck[slot, :, s:s + n] = k[b, :, :n]
-            cv[slot, :, s:s + n] = v[b, :, :n]
 
     def set_length(self, slot: int, length: int) -> None:
         assert 0 <= length <= self.max_len

@@ -27,21 +27,27 @@ class NativeCPUBackend(TorchSDPABackend):
     def available() -> bool:
         return native_kernels() is not None
 
-    def forward(self, layer, q, k, v, ctx: Context):
-        nk = native_kernels()
+    @staticmethod
+    def runs(ctx: Context, device: torch.device, head_dim: int, group: int) -> bool:
+        """Whether the kernel takes this forward: queries of head_dim on device, ``group`` query heads
+        per kv head (else forward falls back to SDPA)."""
         kv = ctx.kv
-        D = q.shape[-1]
-        if (nk is None or type(kv) is not KVCache or q.device.type != "cpu"
-                or kv.k.dtype not in (torch.bfloat16, torch.float32)
-                or D % 8 or D > 256 or q.shape[1] // k.shape[1] > 64):
+        return (native_kernels() is not None and type(kv) is KVCache and device.type == "cpu"
+                and kv.k.dtype in (torch.bfloat16, torch.float32) and head_dim % 8 == 0 and head_dim <= 256
+                and group <= 64)
+
+    def forward(self, layer, q, k, v, ctx: Context):
+        kv = ctx.kv
+        if not self.runs(ctx, q.device, q.shape[-1], q.shape[1] // k.shape[1]):
             return super().forward(layer, q, k, v, ctx)
+        nk = native_kernels()
         kv.write(layer, k, v, ctx.slots, ctx.starts, ctx.num_new, ctx.total_len)
-        nkeys, mask, slots = _visibility(ctx)
+        nkeys, mask, slots = visibility(ctx)
         o = nk.attention(q.float().contiguous(), kv.k[layer], kv.v[layer], slots, nkeys, mask)
         return o.to(q.dtype)
 
 
-def _visibility(ctx: Context) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+def visibility(ctx: Context) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Per forward (cached on the context, shared by its layers): nkeys int32 [B, T] (query t of row b
     sees keys [0, nkeys)), mask uint8 [B, T, L] or None (within that range, which keys), slots int32 [B].
     Padded queries (t >= num_new[b]) see key 0 only: finite, unused."""

@@ -1,0 +1,194 @@
+/* One decoder layer of the Llama family (Llama, Qwen2/2.5/3, Mistral) in one call, for CPU
+ * inference over the slot KV cache: RMSNorm, the q/k/v projection (+ bias), q/k norm, RoPE, the
+ * cache write, attention, the output projection, the residual, RMSNorm, gate/up, SiLU x up, down,
+ * the residual.
+ *
+ * Why: the matrices of a decode step are native (quant_gemm.c) and near the bandwidth limit, but
+ * driving them from Python costs ~10-20 us per operation (module calls, views, small PyTorch ops),
+ * ~0.2 ms per layer, a fifth of a 1.5B decode step. Here a layer is one call.
+ *
+ * Exactness: every step is the very function or the very IEEE operation sequence of the unfused
+ * path (models/llama.py with the cpu-native attention backend, the native linears, the native
+ * RMSNorm and specdecode_silu_mul), so the two give the same bits and may be mixed freely (the
+ * fused path runs where its preconditions hold, the unfused one elsewhere). Rows stay independent:
+ * a row's result does not depend on the other rows of the call. Compiled with -ffp-contract=off,
+ * so a*b + c*d stays two roundings and an add, as PyTorch's separate ops round.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "simd.h"
+
+void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uint8_t *w, const uint16_t *s,
+                          const uint16_t *z, float *y, int8_t *xq, float *sx, float *xsum, int threads);
+void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w, const float *ws, float *y,
+                          int8_t *xq, float *sx, float *xsum, float *xqsum, float *corr, int threads);
+void specdecode_rmsnorm(const float *x, const float *w, float *y, int R, int D, float eps);
+int specdecode_attention(const float *q, const void *kc, const void *vc, int bf16, int B, int H, int Hkv,
+                         int T, int D, int Lmax, const int32_t *slots, const int32_t *nkeys, const uint8_t *mask,
+                         int Lm, float scale, float *o, int nthreads);
+
+/* A native linear layer (layers/quant): y [R, N] = x [R, K] @ W^T (+ bias). */
+typedef struct {
+    int32_t kind;          /* 4: int4, 8: int8, in quant_gemm.c's packed formats */
+    int32_t K, N, gs;      /* in features, out features, int4 group size */
+    const uint8_t *w;      /* packed codes */
+    const void *s;         /* int4: uint16 half bits of scale [N/16, K/gs, 16]; int8: float wscale [N] */
+    const uint16_t *z;     /* int4: half bits of zero (same shape); int8: unused */
+    const float *bias;     /* [N] or NULL */
+} sd_linear;
+
+typedef struct {
+    int32_t hidden, H, Hkv, D, inter;
+    float eps;
+    const float *in_norm, *post_norm; /* [hidden] */
+    const float *q_norm, *k_norm;     /* [D] each, or NULL */
+    sd_linear qkv;                    /* rows [q (H D); k (Hkv D); v (Hkv D)] */
+    sd_linear o;                      /* H D -> hidden */
+    sd_linear gate_up;                /* rows [gate (inter); up (inter)] */
+    sd_linear down;                   /* inter -> hidden */
+} sd_layer;
+
+/* One forward's batch: B rows of T queries (row b, query t is activation row b T + t). */
+typedef struct {
+    int32_t B, T;
+    const int32_t *slots, *starts, *num_new; /* [B]: cache slot, tokens already cached, new tokens */
+    const int32_t *nkeys;                    /* [B, T]: attention.c's visibility */
+    const uint8_t *mask;                     /* [B, T, Lm] or NULL */
+    int32_t Lm;
+    const float *cos, *sin;                  /* [B T, D] */
+    int32_t bf16, Lmax;                      /* cache element type; cache layer [S, Hkv, Lmax, D] */
+    float scale;                             /* attention scale */
+} sd_batch;
+
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+static size_t gemm_scratch(int R, int K) { return up64((size_t)R * K) + 4 * (3 * (size_t)R * (K / 32) + R); }
+
+static void linear(const sd_linear *l, const float *x, int R, float *y, char *scratch, int threads) {
+    int8_t *xq = (int8_t *)scratch;
+    float *f = (float *)(scratch + up64((size_t)R * l->K));
+    if (l->kind == 4) {
+        const size_t g = (size_t)R * (l->K / l->gs);
+        specdecode_int4_gemm(x, R, l->K, l->N, l->gs, l->w, (const uint16_t *)l->s, l->z, y, xq, f, f + g, threads);
+    } else {
+        const size_t g = (size_t)R * (l->K / 32);
+        specdecode_int8_gemm(x, R, l->K, l->N, l->w, (const float *)l->s, y, xq, f, f + g, f + 2 * g, f + 3 * g,
+                             threads);
+    }
+    if (l->bias)
+        for (int r = 0; r < R; r++)
+            for (int n = 0; n < l->N; n++) y[(size_t)r * l->N + n] += l->bias[n];
+}
+
+/* PyTorch's float -> bfloat16: round to nearest even, NaN -> 0x7FC0. */
+static inline uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+/* dst = src * cos + rotate_half(src) * sin over one head of D, rotate_half(x) = [-x2, x1]. */
+static void rope(const float *src, const float *c, const float *s, int D, float *dst) {
+    const int h = D / 2;
+    for (int i = 0; i < h; i++) dst[i] = src[i] * c[i] + (-src[i + h]) * s[i];
+    for (int i = h; i < D; i++) dst[i] = src[i] * c[i] + src[i - h] * s[i];
+}
+
+static void store(void *cache, size_t idx, const float *v, int D, int bf16) {
+    if (bf16) {
+        uint16_t *d = (uint16_t *)cache + idx;
+        for (int i = 0; i < D; i++) d[i] = to_bf16(v[i]);
+    } else {
+        memcpy((float *)cache + idx, v, sizeof(float) * D);
+    }
+}
+
+/* out [R, I] = silu(gu[:, :I]) * gu[:, I:] for gu [R, 2 I], I % 8 == 0. silu(x) = x * sigmoid(x)
+ * with sigmoid from exp8 of -|x| (exp8 takes x <= 0): 1 / (1 + e) for x >= 0, e / (1 + e) below. */
+void specdecode_silu_mul(const float *gu, int R, int I, float *out) {
+    const v8f one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {0};
+    for (int r = 0; r < R; r++) {
+        const float *g = gu + (size_t)r * 2 * I, *u = g + I;
+        float *o = out + (size_t)r * I;
+        for (int i = 0; i < I; i += 8) {
+            const v8f x = load8(g + i, 0);
+            const v8f neg = (v8f)_mm256_or_ps((__m256)x, _mm256_set1_ps(-0.f)); /* -|x| */
+            const v8f e = exp8(neg);
+            const v8f d = one + e;
+            const v8f sig = (v8f)_mm256_blendv_ps((__m256)(one / d), (__m256)(e / d),
+                                                  _mm256_cmp_ps((__m256)x, (__m256)zero, _CMP_LT_OQ));
+            _mm256_storeu_ps(o + i, (__m256)(x * sig * load8(u + i, 0)));
+        }
+    }
+}
+
+static int kmax(const sd_layer *L) {
+    int k = L->hidden > L->inter ? L->hidden : L->inter;
+    return k > L->H * L->D ? k : L->H * L->D;
+}
+
+/* Bytes of scratch specdecode_decoder_layer needs for R activation rows. */
+size_t specdecode_layer_scratch(const sd_layer *L, int R) {
+    const size_t nqkv = (size_t)(L->H + 2 * L->Hkv) * L->D, hd = (size_t)L->H * L->D;
+    const size_t floats = (size_t)R * (2 * L->hidden + nqkv + 3 * hd + 3 * (size_t)L->inter);
+    return up64(4 * floats) + gemm_scratch(R, kmax(L));
+}
+
+/* x [B T, hidden] float32, updated in place to the layer's output; writes the new tokens' keys and
+ * values (rows t < num_new[b]) at cache indices starts[b] + t of slot slots[b] in kc, vc (this
+ * layer's cache). scratch: specdecode_layer_scratch bytes, 64-byte aligned. Returns 0, or -1 where
+ * attention could not allocate its scratch. */
+int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, void *vc, float *x, void *scratch,
+                             int threads) {
+    const int B = bt->B, T = bt->T, R = B * T, H = L->H, Hkv = L->Hkv, D = L->D, hd = L->hidden, I = L->inter;
+    const int nqkv = (H + 2 * Hkv) * D;
+    float *h = (float *)scratch;                    /* [R, hidden]: normed input */
+    float *qkv = h + (size_t)R * hd;                /* [R, nqkv] */
+    float *q = qkv + (size_t)R * nqkv;              /* [B, H, T, D]: rotated queries */
+    float *o = q + (size_t)R * H * D;               /* [B, H, T, D]: attention output */
+    float *a = o + (size_t)R * H * D;               /* [R, H D] */
+    float *gu = a + (size_t)R * H * D;              /* [R, 2 inter] */
+    float *act = gu + (size_t)R * 2 * I;            /* [R, inter] */
+    float *y = act + (size_t)R * I;                 /* [R, hidden] */
+    char *gs = (char *)scratch + up64(4 * (size_t)R * (2 * hd + nqkv + 3 * (size_t)H * D + 3 * (size_t)I));
+
+    specdecode_rmsnorm(x, L->in_norm, h, R, hd, L->eps);
+    linear(&L->qkv, h, R, qkv, gs, threads);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            const int r = b * T + t;
+            float *src = qkv + (size_t)r * nqkv;
+            if (L->q_norm) /* in place, per head: the unfused path norms a copy, the same bits */
+                for (int i = 0; i < H + Hkv; i++)
+                    specdecode_rmsnorm(src + (size_t)i * D, i < H ? L->q_norm : L->k_norm, src + (size_t)i * D, 1, D,
+                                       L->eps);
+            const float *c = bt->cos + (size_t)r * D, *s = bt->sin + (size_t)r * D;
+            for (int i = 0; i < H; i++) rope(src + (size_t)i * D, c, s, D, q + (((size_t)b * H + i) * T + t) * D);
+            if (t >= bt->num_new[b]) continue; /* padding: nothing to cache */
+            float kr[256]; /* D <= 256 */
+            for (int i = 0; i < Hkv; i++) {
+                const size_t idx = (((size_t)bt->slots[b] * Hkv + i) * bt->Lmax + bt->starts[b] + t) * D;
+                rope(src + (size_t)(H + i) * D, c, s, D, kr);
+                store(kc, idx, kr, D, bt->bf16);
+                store(vc, idx, src + (size_t)(H + Hkv + i) * D, D, bt->bf16);
+            }
+        }
+    if (specdecode_attention(q, kc, vc, bt->bf16, B, H, Hkv, T, D, bt->Lmax, bt->slots, bt->nkeys, bt->mask, bt->Lm,
+                             bt->scale, o, threads))
+        return -1;
+    for (int b = 0; b < B; b++) /* [B, H, T, D] -> [B T, H D] */
+        for (int i = 0; i < H; i++)
+            for (int t = 0; t < T; t++)
+                memcpy(a + ((size_t)(b * T + t) * H + i) * D, o + (((size_t)b * H + i) * T + t) * D, sizeof(float) * D);
+    linear(&L->o, a, R, y, gs, threads);
+    for (size_t i = 0; i < (size_t)R * hd; i++) x[i] = x[i] + y[i];
+    specdecode_rmsnorm(x, L->post_norm, h, R, hd, L->eps);
+    linear(&L->gate_up, h, R, gu, gs, threads);
+    specdecode_silu_mul(gu, R, I, act);
+    linear(&L->down, act, R, y, gs, threads);
+    for (size_t i = 0; i < (size_t)R * hd; i++) x[i] = x[i] + y[i];
+    return 0;
+}

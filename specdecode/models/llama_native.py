@@ -1,0 +1,109 @@
+"""LlamaModel's decoder layers as one native call each (kernels/layer.c), for CPU inference.
+
+The fused path runs a forward only where it gives the same bits as the module path: the
+cpu-native attention backend over a KVCache, float32 activations, and every projection a native
+int4 or int8 layer (layers/quant). Anywhere else (another backend, float weights, training,
+another device) ``NativeForward.begin`` returns None and the modules run as usual."""
+from __future__ import annotations
+
+import torch
+
+from ..kernels import native_kernels
+from ..kernels.layer import LayerOperands, SdBatch, linear_operands
+from ..layers.quant.int4 import Int4Linear
+from ..layers.quant.int8 import Int8Linear
+from ..runtime.attention.native_cpu import NativeCPUBackend, visibility
+from ..runtime.context import Context
+
+
+def _linear(m) -> tuple | None:
+    """(SdLinear, tensors it points into) for a native quantized layer, else None."""
+    if isinstance(m, Int4Linear) and m.kernel == "native":
+        scale, zero = m.qparams[0], m.qparams[1]  # int16 halves [N / 16, K / gs, 16], contiguous
+        keep = [m.qweight, scale, zero] + ([m.bias] if m.bias is not None else [])
+        return linear_operands(4, m.in_features, m.out_features, m.group_size, m.qweight, scale, zero, m.bias), keep
+    if isinstance(m, Int8Linear) and m.kernel == "native":
+        keep = [m.qweight, m.scales] + ([m.bias] if m.bias is not None else [])
+        return linear_operands(8, m.in_features, m.out_features, 32, m.qweight, m.scales, None, m.bias), keep
+    return None
+
+
+def _layer(layer, cfg) -> LayerOperands | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm]
+    if any(n is not None and (n.weight.dtype != torch.float32 or not n.weight.is_contiguous()) for n in norms):
+        return None
+    lins = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    if any(lin is None for lin in lins) or lins[0][0].s is None:
+        return None
+    if any(lin[0].bias is not None and lin[1][-1].dtype != torch.float32 for lin in lins):
+        return None
+    keep = [t for lin in lins for t in lin[1]]
+    return LayerOperands((cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size),
+                         cfg.rms_norm_eps, [None if n is None else n.weight.detach() for n in norms],
+                         [lin[0] for lin in lins], keep)
+
+
+class NativeForward:
+    """The fused path of one LlamaModel: per-layer operands, built on first use."""
+
+    def __init__(self, model):
+        self.model = model
+        self._ops: list[LayerOperands] | None = None
+        self._key = None
+
+    def _operands(self) -> list[LayerOperands] | None:
+        layers = self.model.layers
+        # the weights' addresses: a model moved or re-allocated since the operands were built rebuilds them
+        key = (layers[0].self_attn.qkv_proj.qweight.data_ptr(), layers[-1].mlp.down_proj.qweight.data_ptr()) \
+            if hasattr(layers[0].self_attn.qkv_proj, "qweight") and hasattr(layers[-1].mlp.down_proj, "qweight") \
+            else None
+        if key is None:
+            return None
+        if key != self._key:
+            cfg = self.model.cfg
+            ops = [_layer(layer, cfg) for layer in layers]
+            self._ops = None if any(o is None for o in ops) else ops
+            self._key = key
+        return self._ops
+
+    def begin(self, ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> "_Batch | None":
+        """The fused path for this forward (x [B, T, hidden], cos / sin [B, 1, T, D]), or None."""
+        cfg = self.model.cfg
+        if (native_kernels() is None or not isinstance(ctx.backend, NativeCPUBackend) or x.dtype != torch.float32
+                or cfg.hidden_size % 8 or cfg.intermediate_size % 8 or cfg.head_dim % 2
+                or not NativeCPUBackend.runs(ctx, x.device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
+                or (torch.is_grad_enabled() and x.requires_grad)):
+            return None
+        ops = self._operands()
+        if ops is None:
+            return None
+        return _Batch(ops, ctx, x, cos, sin)
+
+
+class _Batch:
+    """One forward's sd_batch, scratch and cache addresses."""
+
+    def __init__(self, ops: list[LayerOperands], ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        nk = native_kernels()
+        kv = ctx.kv
+        B, T, _ = x.shape
+        kv.clean(ctx.slots, ctx.total_len)
+        nkeys, mask, slots = visibility(ctx)
+        self.starts = torch.tensor(ctx.starts, dtype=torch.int32)
+        self.num_new = torch.tensor(ctx.num_new, dtype=torch.int32)
+        self.cos, self.sin = cos.contiguous(), sin.contiguous()
+        self.keep = (nkeys, mask, slots)
+        D = kv.k.shape[-1]
+        self.batch = SdBatch(B, T, slots.data_ptr(), self.starts.data_ptr(), self.num_new.data_ptr(), nkeys.data_ptr(),
+                             None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1],
+                             self.cos.data_ptr(), self.sin.data_ptr(), int(kv.k.dtype == torch.bfloat16), kv.k.shape[3],
+                             D ** -0.5)
+        self.ops = ops
+        self.scratch = nk.layer_scratch(ops[0].struct, B * T)
+        self.nk = nk
+        self.kv = kv
+
+    def layer(self, i: int, x: torch.Tensor) -> None:
+        """x float32 contiguous [B, T, hidden], owned by the caller, becomes decoder layer i's output."""
+        self.nk.decoder_layer(self.ops[i].struct, self.batch, self.kv.k[i], self.kv.v[i], x, self.scratch)

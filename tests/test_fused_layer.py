@@ -1,0 +1,118 @@
+"""The fused native decoder layer (kernels/layer.c via models/llama_native.py): every forward kind
+(prefill, decode, verify chain, padded batch, tree, captured layers) gives the bits of the module
+path it replaces, for the Llama, Qwen2 (q/k/v bias) and Qwen3 (q/k norm) variants, int4 and int8
+weights, bfloat16 and float32 caches, on the AVX512 and the AVX2 body; and it runs only where it may."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdecode.kernels as kernels
+import specdecode.models.llama_native as llama_native
+from specdecode.kernels import load_native_kernels, native_kernels
+from specdecode.runtime import attention
+from specdecode.runtime.kv_cache import KVCache
+from specdecode.runtime.model_runner import ModelRunner
+from test_quantized_model import quantized
+from tiny_models import hf_model
+
+pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native kernels unavailable here")
+
+TREE = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
+
+
+def _runner(model, cache_dtype, backend="cpu-native"):
+    cfg = model.cfg
+    kv = KVCache(cfg.num_layers, 3, 96, cfg.num_kv_heads, cfg.head_dim, cache_dtype)
+    return ModelRunner(model, kv, attention.backend(backend))
+
+
+def _script(runner):
+    """A sequence of forwards of every kind, committing as an engine would; returns every output."""
+    kv, out = runner.kv, []
+    a, b = kv.allocate(), kv.allocate()
+    prompt = list(range(7, 40))
+
+    def fwd(*args, **kw):
+        logits, hidden, captured = runner.forward(*args, **kw)
+        out.extend([logits, hidden, *[captured[i] for i in sorted(captured)]])
+
+    fwd([a], [prompt], capture_layers=(0, 2))  # prefill, with captured hidden states (EAGLE's taps)
+    kv.set_length(a, len(prompt))
+    fwd([a], [[5]], last_only=True)  # decode
+    fwd([a], [[5, 6, 7, 8, 9]], row_exact=True)  # verify a chain
+    kv.set_length(a, len(prompt) + 3)
+    L = kv.lengths[a]
+    fwd([a], [[40, 99, 41, 42]], [[L, L + 1, L + 1, L + 2]], TREE[None], row_exact=True)  # verify a tree
+    fwd([a, b], [[11, 12], list(range(50, 59))])  # a padded batch: a decodes, b prefills
+    return out
+
+
+def _both_paths(model, cache_dtype):
+    calls = []
+    real = llama_native._Batch.layer
+
+    def counting(self, i, x):
+        calls.append(i)
+        return real(self, i, x)
+
+    llama_native._Batch.layer = counting
+    try:
+        fused = _script(_runner(model, cache_dtype))
+    finally:
+        llama_native._Batch.layer = real
+    model._native.begin = lambda *a, **k: None  # the module path
+    try:
+        modules = _script(_runner(model, cache_dtype))
+    finally:
+        del model._native.begin
+    return fused, modules, calls
+
+
+@pytest.mark.parametrize("arch,quant", [("llama", "int4"), ("qwen2", "int4"), ("qwen3", "int4"), ("qwen2", "int8")])
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float32])
+def test_fused_layers_give_the_bits_of_the_module_path(arch, quant, cache_dtype):
+    model = quantized(hf_model(arch), quant)
+    fused, modules, calls = _both_paths(model, cache_dtype)
+    assert len(calls) == 5 * model.cfg.num_layers  # every forward of the script ran fused
+    assert len(fused) == len(modules)
+    for i, (f, m) in enumerate(zip(fused, modules)):
+        assert torch.equal(f, m), i
+
+
+def test_avx2_body_gives_the_bits_of_its_module_path(monkeypatch):
+    avx2 = load_native_kernels(("-mno-avx512f",))
+    assert avx2.isa == "avx2"
+    native_kernels.cache_clear()
+    monkeypatch.setattr(kernels, "load_native_kernels", lambda: avx2)
+    try:
+        model = quantized(hf_model("qwen2"), "int4")  # its layers take the AVX2 build
+        fused, modules, calls = _both_paths(model, torch.bfloat16)
+        assert calls
+        for i, (f, m) in enumerate(zip(fused, modules)):
+            assert torch.equal(f, m), i
+    finally:
+        native_kernels.cache_clear()
+
+
+def test_runs_only_where_it_gives_the_same_bits():
+    """Float weights, the SDPA backend or a forward that needs gradients take the module path."""
+    hf = hf_model("qwen2")
+    cases = [(quantized(hf, "none"), "cpu-native"), (quantized(hf, "int4"), "torch-sdpa")]
+    for model, backend in cases:
+        runner = _runner(model, torch.float32, backend)
+        ctx_seen = []
+        real = model._native.begin
+        model._native.begin = lambda *a, **k: ctx_seen.append(real(*a, **k)) or ctx_seen[-1]
+        runner.forward([runner.kv.allocate()], [[1, 2, 3]])
+        assert ctx_seen == [None], backend
+
+
+def test_silu_mul_matches_pytorch():
+    """The SiLU x up both paths share: within a few ulp of PyTorch's, over the range that matters."""
+    g = torch.Generator().manual_seed(0)
+    gu = torch.cat([torch.randn(7, 64, generator=g) * 6, torch.randn(7, 64, generator=g)], -1)
+    gu[0, :8] = torch.tensor([0.0, -0.0, 80.0, -80.0, 1e-30, -1e-30, 20.0, -20.0])
+    got = native_kernels().silu_mul(gu)
+    want = torch.nn.functional.silu(gu[:, :64]) * gu[:, 64:]
+    torch.testing.assert_close(got, want, rtol=3e-6, atol=1e-30)
