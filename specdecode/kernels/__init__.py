@@ -199,7 +199,8 @@ def native_kernels() -> NativeKernels | None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     try:
-        return load_native_kernels()
+        # e.g. SPECDECODE_NATIVE_FLAGS=-mno-avx512f: the AVX2 body, as a Zen 3 or Intel client CPU runs it
+        return load_native_kernels(tuple(os.environ.get("SPECDECODE_NATIVE_FLAGS", "").split()))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native kernels unavailable (%s): quantized layers use PyTorch's kernels", exc)
         return None
