@@ -1,9 +1,10 @@
 """Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
 
-One library from four sources (see their headers for why they exist and their exact arithmetic):
+One library from five sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
 the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
-from the other three (``simd.h``: the vector helpers they share; ``layer.py``: its operands). It is
+from the other three (``simd.h``: the vector helpers they share; ``layer.py``: its operands);
+``threads.c``, releasing a thread's OpenMP pool. It is
 built with ``-march=native`` into a per-user cache keyed by the sources, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "threads.c"))
 _HEADERS = (Path(__file__).with_name("simd.h"),)
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
@@ -165,6 +166,12 @@ class NativeKernels:
             raise MemoryError("native decoder layer: scratch allocation failed")
 
 
+    def release_threads(self) -> None:
+        """Frees the calling thread's OpenMP worker pool (threads.c says why): call it on a thread that
+        is done with parallel work before another thread takes it over."""
+        self.lib.specdecode_release_threads()
+
+
 def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     """Builds (or finds in the cache) and loads the library; raises RuntimeError or OSError where it
     cannot. extra_flags are appended to the compiler's (tests build the AVX2 body with -mno-avx512f)."""
@@ -187,6 +194,7 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_layer_scratch.restype = ctypes.c_size_t
     lib.specdecode_decoder_layer.argtypes = [p, p, p, p, p, p, i]
     lib.specdecode_decoder_layer.restype = i
+    lib.specdecode_release_threads.restype = i
     lib.specdecode_isa.restype = ctypes.c_char_p
     return NativeKernels(lib, lib.specdecode_isa().decode())
 

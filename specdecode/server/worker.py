@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 
-from ..engine.engine import Engine
+from ..engine.engine import Engine, release_threads
 from ..engine.sequence import Sequence
 from ..sampling_params import SamplingParams
 from .admission import ApiError, queue_timeout, shutting_down
@@ -58,6 +58,7 @@ class EngineWorker:
     # -- called on the event loop ------------------------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        release_threads()  # from here on only the worker thread runs parallel work
         self._thread = threading.Thread(target=self._run, name="specdecode-engine", daemon=True)
         self._thread.start()
 
