@@ -48,11 +48,15 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-draft", "-md", default=_SPEC["model_draft"])
     p.add_argument("--quant-draft", default=_SPEC["quant_draft"],
                    help="weight format of the draft model's linear layers (as --quant)")
-    p.add_argument("--draft-max", type=int, default=_SPEC["draft_max"])
+    p.add_argument("--draft-max", type=int, default=_SPEC["draft_max"],
+                   help="most tokens a model drafter (draft, draft-mtp) drafts per step")
     p.add_argument("--draft-min", type=int, default=_SPEC["draft_min"])
     p.add_argument("--draft-p-min", type=float, default=_SPEC["draft_p_min"])
-    p.add_argument("--draft-fixed", action="store_true", help="always draft --draft-max tokens (no cost model)")
+    p.add_argument("--draft-fixed", action="store_true",
+                   help="always draft each drafter's most tokens (--draft-max for models; no cost model)")
     p.add_argument("--spec-ngram-size-n", dest="ngram_size_n", type=int, default=_SPEC["ngram_size_n"])
+    p.add_argument("--spec-ngram-size-m", dest="ngram_size_m", type=int, default=_SPEC["ngram_size_m"],
+                   help="most tokens ngram-simple and ngram draft per step")
     p.add_argument("--prompt-lookup-min", type=int, default=_SPEC["prompt_lookup_min"])
     p.add_argument("--prompt-lookup-max", type=int, default=_SPEC["prompt_lookup_max"])
     p.add_argument("--num-steps", type=int, default=_SPEC["num_steps"])
@@ -61,6 +65,7 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-head", dest="head", default=_SPEC["head"])
     p.add_argument("--spec-ngram-mod-n-match", dest="ngram_mod_n_match", type=int, default=_SPEC["ngram_mod_n_match"])
     p.add_argument("--spec-ngram-mod-n-min", dest="ngram_mod_n_min", type=int, default=_SPEC["ngram_mod_n_min"])
+    p.add_argument("--spec-ngram-mod-n-max", dest="ngram_mod_n_max", type=int, default=_SPEC["ngram_mod_n_max"])
     p.add_argument("--suffix-decoding-max-tree-depth", dest="suffix_max_tree_depth", type=int,
                    default=_SPEC["suffix_max_tree_depth"])
     p.add_argument("--suffix-decoding-max-cached-requests", dest="suffix_max_cached_requests", type=int,

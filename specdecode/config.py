@@ -21,11 +21,12 @@ class SpecConfig:
     spec_type: str = "auto"
     model_draft: str | None = None  # --model-draft: name, GGUF file or HF directory
     quant_draft: str = "auto"  # --quant-draft: the draft model's linear weights (as EngineConfig.quant)
-    draft_max: int = 8  # --draft-max: cap on drafted tokens per step (K)
+    draft_max: int = 8  # --draft-max: cap on tokens a model drafter (draft, draft-mtp) drafts per step
     draft_min: int = 0  # --draft-min: fewer useful draft tokens than this -> do not draft
     draft_p_min: float = 0.75  # --draft-p-min: stop a greedy draft when its top probability falls below
     draft_fixed: bool = False  # --draft-fixed: always draft draft_max tokens (experiments; no cost model)
     ngram_size_n: int = 3  # --spec-ngram-size-n: tokens matched by ngram-simple
+    ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens ngram-simple and ngram draft (llama.cpp's size-m)
     prompt_lookup_min: int = 1  # --prompt-lookup-min: smallest n-gram tried by `ngram`
     prompt_lookup_max: int = 4  # --prompt-lookup-max: largest n-gram tried by `ngram` (tried first)
     num_steps: int = 3  # --num-steps: EAGLE tree depth
@@ -34,6 +35,7 @@ class SpecConfig:
     head: str | None = None  # --spec-head: EAGLE head directory (default: the model's bundled head)
     ngram_mod_n_match: int = 24  # --spec-ngram-mod-n-match: tokens hashed by ngram-mod (llama.cpp's default)
     ngram_mod_n_min: int = 1  # --spec-ngram-mod-n-min: shorter ngram-mod chains are dropped
+    ngram_mod_n_max: int = 64  # --spec-ngram-mod-n-max: most tokens an ngram-mod chain drafts (llama.cpp's default)
     suffix_max_tree_depth: int = 24  # --suffix-decoding-max-tree-depth (vLLM's default)
     suffix_max_cached_requests: int = 10000  # --suffix-decoding-max-cached-requests: finished outputs kept
     suffix_max_spec_factor: float = 1.0  # --suffix-decoding-max-spec-factor: draft <= factor x match length
@@ -57,6 +59,16 @@ class SpecConfig:
             raise InvalidRequestError("--spec-type draft needs --model-draft")
         if self.ngram_mod_n_match < 1 or self.ngram_mod_n_min < 0 or self.suffix_max_tree_depth < 1:
             raise InvalidRequestError("--spec-ngram-mod-n-match and --suffix-decoding-max-tree-depth must be >= 1")
+        if self.ngram_size_m < 1 or self.ngram_mod_n_max < 1:
+            raise InvalidRequestError("--spec-ngram-size-m and --spec-ngram-mod-n-max must be >= 1")
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The most tokens any drafter may draft in one step under these settings (each drafter has
+        its own cap: --draft-max for model drafters, the n-gram and suffix caps for draftless ones;
+        a long draft pays only when it is accepted, and the controller decides from measurements)."""
+        return max(self.draft_max, self.num_draft_tokens, self.ngram_size_m, self.ngram_mod_n_max,
+                   self.suffix_max_tree_depth)
 
 
 @dataclass(frozen=True)

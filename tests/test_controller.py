@@ -75,6 +75,37 @@ def test_cost_model_scales_unmeasured_shapes_pessimistically():
     assert abs(c.verify_cost(1, 3) - 0.3) < 1e-12  # linear upper bound until measured
 
 
+def test_cost_model_interpolates_between_measured_sizes():
+    c = CostModel()
+    c.observe(1, 9, 0.2)
+    c.observe(1, 17, 0.4)
+    assert abs(c.verify_cost(1, 13) - 0.3) < 1e-12
+    assert abs(c.verify_cost(2, 13) - 0.4 * 26 / 17) < 1e-12  # another batch size: scaled, as before
+
+
+def test_calibration_covers_every_short_draft_and_samples_long_ones():
+    from specdecode.engine.engine import calibration_points
+
+    assert calibration_points(4) == [1, 2, 3, 4]
+    assert calibration_points(65) == list(range(1, 10)) + [12, 16, 24, 32, 48, 65]
+
+
+def test_draftless_drafters_have_their_own_caps():
+    """--draft-max caps model drafters; an n-gram drafter may draft up to its own cap (a long copy
+    pays when verifying many tokens costs little more than one)."""
+    from specdecode import SamplingParams
+    from tiny_models import tiny_llm
+
+    llm = tiny_llm("ngram", draft_max=2, draft_fixed=True, ngram_size_m=16)
+    eng = llm.engine
+    eng.add_request(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=100, ignore_eos=True))
+    eng.step()  # prefill
+    assert eng._draft_lengths(eng.running) == [16]
+    llm = tiny_llm("ngram,draft", draft_seed=0, draft_max=2, ngram_size_m=16, max_num_seqs=1)
+    assert llm.engine.kv.max_len >= llm.engine.max_model_len + 17  # room for the longest verify
+    assert [m.max_tokens for m in llm.engine.proposer.members] == [16, 2]
+
+
 def test_engine_calibrates_verify_costs_with_a_single_slot():
     """With one KV slot the calibration must run before the request takes it, or v(t > 1) is never
     measured and the pessimistic default keeps every draft length at 0."""

@@ -54,6 +54,13 @@ def release_threads() -> None:
         nk.release_threads()
 
 
+def calibration_points(t_max: int) -> list[int]:
+    """Verify sizes measured before the first decision: every size up to 9 (the usual drafts), then
+    sparser up to t_max (long copies); CostModel interpolates between them."""
+    dense = list(range(1, min(t_max, 9) + 1))
+    return dense + [t for t in (12, 16, 24, 32, 48) if 9 < t < t_max] + ([t_max] if t_max > 9 else [])
+
+
 class Engine:
     def __init__(self, cfg: EngineConfig, model=None, tokenizer=None, draft=None):
         """Loads ``cfg.model`` unless a (model, tokenizer) pair is given (tests build small ones);
@@ -82,7 +89,7 @@ class Engine:
             log.warning("the model attends a sliding window of %d tokens, which specdecode does not "
                         "implement: the context is capped at %d tokens", mc.sliding_window, mc.sliding_window)
             self.max_model_len = mc.sliding_window
-        margin = max(cfg.spec.draft_max, cfg.spec.num_draft_tokens) + 1  # verify writes past the committed length
+        margin = cfg.spec.max_draft_tokens + 1  # verify writes past the committed length
         slot_len = self.max_model_len + margin
         if cfg.kv_cache_tokens is not None:
             slot_len = min(slot_len, cfg.kv_cache_tokens // cfg.max_num_seqs)
@@ -206,10 +213,11 @@ class Engine:
 
     def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
         """Each sequence's draft cap this step: one length for the batch (it shares one padded verify
-        forward), capped by each sequence's room (max_tokens, context length, --draft-max)."""
+        forward), capped by each sequence's room (max_tokens, context length) and the drafter's own cap
+        (--draft-max for a model drafter, the n-gram and suffix caps for draftless ones)."""
         spec, prop = self.cfg.spec, self.proposer
         rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, self.max_model_len - s.num_tokens - 1,
-                            spec.draft_max, prop.max_tokens)) for s in seqs]
+                            prop.max_tokens)) for s in seqs]
         if spec.spec_type == "none" or not any(rooms):
             return [0] * len(seqs)
         batch = len(seqs)
@@ -239,8 +247,8 @@ class Engine:
                 self.prefix_cache.invalidate(slot)  # overwritten below
             self.runner.forward([slot], [[0] * 32], logits=False)
             self.kv.set_length(slot, 32)
-            for t in range(1, self.cfg.spec.draft_max + 2):  # row_exact: as spec_step verifies one sequence
-                self.costs.observe(1, t, self.timer.best_of(
+            for t in calibration_points(min(self.proposer.max_tokens, self.cfg.spec.max_draft_tokens) + 1):
+                self.costs.observe(1, t, self.timer.best_of(  # row_exact: as spec_step verifies one sequence
                     lambda: self.runner.forward([slot], [[0] * t], row_exact=True), reps=2))
 
     def _retire(self) -> None:

@@ -84,7 +84,7 @@ class ChainProposer(Proposer):
             best, best_rate = None, -1.0 if fixed else value([], 0.0, _identity, 0)[0]
             for i, m in enumerate(self.members):
                 if m.draftless:
-                    tree = m.propose([self._view(seq, i)], [room])[0]
+                    tree = m.propose([self._view(seq, i)], [min(room, m.max_tokens)])[0]
                     if not len(tree):
                         continue
                     st.ready[i] = tree
@@ -153,7 +153,8 @@ class ChainProposer(Proposer):
             else:
                 groups.setdefault(st.choice, []).append(b)
         for i, rows in groups.items():
-            out = self.members[i].propose([self._view(seqs[b], i) for b in rows], [max_tokens[b] for b in rows])
+            cap = self.members[i].max_tokens
+            out = self.members[i].propose([self._view(seqs[b], i) for b in rows], [min(max_tokens[b], cap) for b in rows])
             for b, t in zip(rows, out):
                 trees[b] = t
         return trees

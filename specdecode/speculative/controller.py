@@ -73,6 +73,12 @@ class CostModel:
             return self.v[(batch, tokens)]
         if not self.v:
             return float(batch * tokens)  # no data yet: proportional to work (pessimistic)
+        same = sorted((t, s) for (b, t), s in self.v.items() if b == batch)
+        lo = [(t, s) for t, s in same if t < tokens]
+        hi = [(t, s) for t, s in same if t > tokens]
+        if lo and hi:  # between two measured sizes of this batch: linear in between
+            (t0, s0), (t1, s1) = lo[-1], hi[0]
+            return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
         # Unmeasured shape: scale the nearest measurement linearly in batch*tokens. Linear is an
         # upper bound on CPU and GPU alike (small verifies cost less than proportionally), so an
         # unmeasured shape never makes drafting look cheaper than it is.

@@ -144,6 +144,10 @@ class DraftModelProposer(Proposer):
             self.kv.free(seq.draft_state.slot)
             seq.draft_state = None
 
+    @property
+    def max_tokens(self) -> int:
+        return self.spec.draft_max
+
     def draft_cost(self, n_seqs: int = 1) -> float:
         return self._cost(n_seqs)
 

@@ -179,6 +179,10 @@ class MTPProposer(Proposer):
         seq.draft_state = None
 
     # -- cost ----------------------------------------------------------------------------------------
+    @property
+    def max_tokens(self) -> int:
+        return self.spec.draft_max
+
     def draft_cost(self, n_seqs: int = 1) -> float:
         return self._cost(n_seqs)
 

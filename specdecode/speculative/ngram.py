@@ -34,6 +34,11 @@ class NgramProposer(Proposer):
         self.sizes = ([spec.ngram_size_n] if spec.spec_type == "ngram-simple"
                       else list(range(spec.prompt_lookup_max, spec.prompt_lookup_min - 1, -1)))
         self._cost = 0.0  # measured seconds per proposal (EMA); tiny, but measured, not assumed
+        self._max = spec.ngram_size_m
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max
 
     def propose(self, seqs, max_tokens):
         t0 = time.perf_counter()

@@ -44,11 +44,15 @@ class NgramModProposer(Proposer):
     draftless = True
 
     def __init__(self, spec: SpecConfig):
-        self.n, self.n_min = spec.ngram_mod_n_match, spec.ngram_mod_n_min
+        self.n, self.n_min, self.n_max = spec.ngram_mod_n_match, spec.ngram_mod_n_min, spec.ngram_mod_n_max
         self.table = np.full(TABLE_SIZE, EMPTY, dtype=np.int32)
         self.used = 0
         self._top = pow(MULT, self.n - 1, 1 << 64)  # M^(n-1): the weight of a window's oldest token
         self._cost = 0.0
+
+    @property
+    def max_tokens(self) -> int:
+        return self.n_max
 
     def reset(self) -> None:
         self.table.fill(EMPTY)

@@ -45,6 +45,10 @@ class SuffixProposer(Proposer):
         self._ids = itertools.count()
         self._cost = 0.0
 
+    @property
+    def max_tokens(self) -> int:
+        return self.spec.suffix_max_tree_depth  # vLLM's default number of speculative tokens for suffix
+
     def _start(self, seq) -> int:
         """The request's id in the cache, starting it (prompt + output so far) on first use."""
         if seq.draft_state is None:
