@@ -56,11 +56,12 @@ def prompts(llm) -> list[tuple[str, str, list[int]]]:
     return out
 
 
-def ours(model: str, draft: str, configs: list[str], threads: int) -> dict:
-    """Our configurations as LLM objects sharing one target model, warmed up."""
-    from specdecode import LLM, SamplingParams
+def ours(model: str, draft: str, configs: list[str], threads: int, base=None) -> dict:
+    """Our configurations as LLM objects sharing one target model (``base``'s, when given), each with
+    fresh drafter state (no n-gram pool or suffix tree from earlier requests)."""
+    from specdecode import LLM
 
-    base = LLM(model, spec_type="none", threads=threads, max_num_seqs=1)
+    base = base or LLM(model, spec_type="none", threads=threads, max_num_seqs=1)
     llms = {}
     for c in configs:
         kw = dict(model_draft=draft) if "draft" in c or c == "auto+draft" else {}
@@ -111,33 +112,54 @@ def _theirs_one(url: str, ids: list[int], max_tokens: int) -> float:
     return _post(url + "/completion", body)["timings"]["predicted_per_second"]
 
 
-def run(llms: dict, servers: dict, items, max_tokens: int, rounds: int) -> dict:
+def _stop(servers: dict) -> None:
+    for srv, _ in servers.values():
+        srv.terminate()
+        srv.wait(30)
+
+
+def run(make_ours, make_theirs, items, max_tokens: int, rounds: int) -> dict:
     """Every configuration of both engines on each prompt in turn (so that a drift of the machine's
     speed hits them alike), ``rounds`` times; the figure per (configuration, prompt) is the median
-    over rounds."""
+    over rounds. Each round starts both engines' drafters afresh (new LLM objects over the same
+    weights, new llama-servers): drafters that learn across requests (suffix, ngram-mod) would
+    otherwise replay a prompt's whole answer from the previous round."""
     from specdecode import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    for llm in llms.values():  # warm-up: allocation, calibration, kernel build
-        llm.generate(items[0][2], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
-    for _, url in servers.values():
-        _theirs_one(url, items[0][2], 16)
-    names = [f"specdecode {c}" for c in llms] + [f"llama.cpp {c}" for c in servers]
-    runs = {n: {pid: [] for pid, _, _ in items} for n in names}
-    tokens = {}
+    runs: dict = {}
+    tokens: dict = {}
     for r in range(rounds):
-        for pid, _, ids in items:
-            for c, llm in llms.items():
-                o = llm.generate(ids, params)[0]
-                runs[f"specdecode {c}"][pid].append(o.stats["decode_tokens_per_s"])
-                if c == "none":
-                    tokens[pid] = o.token_ids
-                elif o.token_ids != tokens[pid]:
-                    print(f"WARNING: {c} output differs from none on {pid}", file=sys.stderr)
-            for c, (_, url) in servers.items():
-                runs[f"llama.cpp {c}"][pid].append(_theirs_one(url, ids, max_tokens))
-            print(f"round {r} {pid}: " + ", ".join(f"{n} {runs[n][pid][-1]:.1f}" for n in names), file=sys.stderr)
+        llms, servers = make_ours(), make_theirs()
+        try:
+            runs.update({n: runs.get(n) or {pid: [] for pid, _, _ in items} for n in
+                         [f"specdecode {c}" for c in llms] + [f"llama.cpp {c}" for c in servers]})
+            _round(llms, servers, items, params, runs, tokens, r)
+        finally:
+            _stop(servers)
     return {n: {pid: statistics.median(v) for pid, v in per.items()} for n, per in runs.items()}, runs
+
+
+def _round(llms: dict, servers: dict, items, params, runs: dict, tokens: dict, r: int) -> None:
+    from specdecode import SamplingParams
+
+    warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    for llm in llms.values():  # warm-up: allocation, calibration, kernel build (a prompt no round measures)
+        llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
+    for _, url in servers.values():
+        _theirs_one(url, [1, 2, 3, 4, 5, 6, 7, 8], 16)
+    names = list(runs)
+    for pid, _, ids in items:
+        for c, llm in llms.items():
+            o = llm.generate(ids, params)[0]
+            runs[f"specdecode {c}"][pid].append(o.stats["decode_tokens_per_s"])
+            if c == "none":
+                tokens[pid] = o.token_ids
+            elif o.token_ids != tokens[pid]:
+                print(f"WARNING: {c} output differs from none on {pid}", file=sys.stderr)
+        for c, (_, url) in servers.items():
+            runs[f"llama.cpp {c}"][pid].append(_theirs_one(url, ids, max_tokens))
+        print(f"round {r} {pid}: " + ", ".join(f"{n} {runs[n][pid][-1]:.1f}" for n in names), file=sys.stderr)
 
 
 def table(results: dict, items) -> str:
@@ -190,13 +212,12 @@ def main() -> int:
     if "none" not in ours_cfg:
         ours_cfg.insert(0, "none")
     theirs_cfg = [c.strip() for c in a.theirs.split(",") if c.strip()]
-    servers = theirs(Path(a.llama_bin), model, draft, theirs_cfg, a.threads)
-    try:
-        results, runs = run(ours(model, draft, ours_cfg, a.threads), servers, items, a.max_tokens, a.rounds)
-    finally:
-        for srv, _ in servers.values():
-            srv.terminate()
-            srv.wait(30)
+    from specdecode import LLM
+
+    base = LLM(model, spec_type="none", threads=a.threads, max_num_seqs=1)
+    results, runs = run(lambda: ours(model, draft, ours_cfg, a.threads, base),
+                        lambda: theirs(Path(a.llama_bin), model, draft, theirs_cfg, a.threads),
+                        items, a.max_tokens, a.rounds)
     print(table(results, items))
     print()
     print(per_prompt(results, items))

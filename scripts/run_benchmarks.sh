@@ -77,3 +77,20 @@ specdecode bench -t $T --model qwen2.5-coder-0.5b-instruct --spec-head out/heads
 specdecode bench -t $T --model out/smollm2-135m-instruct-mtp.gguf --spec-head heads/smollm2-135m-instruct-eagle3 \
   --spec-types "eagle3,draft-mtp,eagle3(3,2,6),eagle3(3,4,8)" $CATS --limit 2 --max-tokens 128 \
   --json-out out/r9_bench_smollm_heads.json
+
+# Round 7: the fused decoder layer, software prefetch, per-drafter caps, the server's thread pools.
+LLAMA_BIN=${LLAMA_BIN:-$(../shared/peers/build-llama-cpp)}
+python scripts/bench_vs_llamacpp.py --llama-bin "$LLAMA_BIN" --theirs plain,draft4,ngram-simple,ngram-mod --rounds 2 \
+  --json-out out/r7_vs_llamacpp_avx512.json
+# The AVX2 body against llama.cpp built for AVX2 (cmake -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF ...,
+# see docs/benchmarks.md), on the same AVX512 machine.
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin "${LLAMA_AVX2_BIN:?}" \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r7_vs_llamacpp_avx2.json
+for i in 1 2 3; do
+  python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/runtime_r7.jsonl
+done
+python scripts/bench_step_ratio.py --threads $T --rounds 5 | tee out/r7_step_ratio.jsonl
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --json-out out/r7_bench_serve_scaling.json
+specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --json-out out/r7_greedy.json
+specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --temperature 0.7 --json-out out/r7_t07.json
