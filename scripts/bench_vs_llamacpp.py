@@ -158,7 +158,7 @@ def _round(llms: dict, servers: dict, items, params, runs: dict, tokens: dict, r
             elif o.token_ids != tokens[pid]:
                 print(f"WARNING: {c} output differs from none on {pid}", file=sys.stderr)
         for c, (_, url) in servers.items():
-            runs[f"llama.cpp {c}"][pid].append(_theirs_one(url, ids, max_tokens))
+            runs[f"llama.cpp {c}"][pid].append(_theirs_one(url, ids, params.max_tokens))
         print(f"round {r} {pid}: " + ", ".join(f"{n} {runs[n][pid][-1]:.1f}" for n in names), file=sys.stderr)
 
 
