@@ -149,9 +149,11 @@ def smollm2_config():
         path = str(resolve_model("smollm2-135m-instruct", quiet=True))
     except Exception as e:  # no network: optional
         pytest.skip(f"SmolLM2 GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    # one sequence per engine: every request is then decoded alone, on either side of the comparison
-    return EngineConfig(model=path, max_model_len=1024, max_num_seqs=1, threads=1,
-                        spec=SpecConfig(spec_type="ngram-simple"))
+    # one sequence per engine: every request is then decoded alone, on either side of the comparison.
+    # A context of 4096 and drafts of at most 8 tokens: the looping story the kill test streams must
+    # still be generating seconds later, when the replica is killed.
+    return EngineConfig(model=path, max_model_len=4096, max_num_seqs=1, threads=1,
+                        spec=SpecConfig(spec_type="ngram-simple", ngram_size_m=8))
 
 
 @pytest.fixture(scope="module")
@@ -280,7 +282,7 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(replic
     import ray
 
     c = client(replicas)
-    raw = c.completions.with_raw_response.create(model="smol", prompt=STORY + " a long story.", max_tokens=600,
+    raw = c.completions.with_raw_response.create(model="smol", prompt=STORY + " a long story.", max_tokens=4000,
                                                  temperature=0, stream=True, extra_body={"ignore_eos": True})
     victim = raw.headers["x-specdecode-replica"]
     stream = iter(raw.parse())
