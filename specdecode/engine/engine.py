@@ -111,7 +111,6 @@ class Engine:
         self._calibrated = False
         release_threads()
 
-
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
         if not prompt_ids:

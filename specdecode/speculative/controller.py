@@ -10,6 +10,7 @@ Acceptance is estimated per request and per position from exponentially decayed 
 prior: counts fade, so a request that stopped drafting drifts back to the prior and probes again."""
 from __future__ import annotations
 
+from bisect import bisect, insort
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -64,8 +65,11 @@ class CostModel:
 
     def __init__(self):
         self.v: dict[tuple[int, int], float] = {}
+        self._sizes: dict[int, list[int]] = {}  # batch -> measured token counts, ascending
 
     def observe(self, batch: int, tokens: int, seconds: float) -> None:
+        if (batch, tokens) not in self.v:
+            insort(self._sizes.setdefault(batch, []), tokens)
         self.v[(batch, tokens)] = ema(self.v.get((batch, tokens)), seconds)
 
     def verify_cost(self, batch: int, tokens: int) -> float:
@@ -73,11 +77,11 @@ class CostModel:
             return self.v[(batch, tokens)]
         if not self.v:
             return float(batch * tokens)  # no data yet: proportional to work (pessimistic)
-        same = sorted((t, s) for (b, t), s in self.v.items() if b == batch)
-        lo = [(t, s) for t, s in same if t < tokens]
-        hi = [(t, s) for t, s in same if t > tokens]
-        if lo and hi:  # between two measured sizes of this batch: linear in between
-            (t0, s0), (t1, s1) = lo[-1], hi[0]
+        sizes = self._sizes.get(batch, [])
+        i = bisect(sizes, tokens)
+        if 0 < i < len(sizes):  # between two measured sizes of this batch: linear in between
+            t0, t1 = sizes[i - 1], sizes[i]
+            s0, s1 = self.v[(batch, t0)], self.v[(batch, t1)]
             return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
         # Unmeasured shape: scale the nearest measurement linearly in batch*tokens. Linear is an
         # upper bound on CPU and GPU alike (small verifies cost less than proportionally), so an
