@@ -96,6 +96,26 @@ def test_quantized_load_reads_embedding_rows_from_the_file(tmp_path, tied, quant
     assert agree >= 0.9, agree
 
 
+def test_file_embedding_cache_returns_the_files_rows(tmp_path):
+    """Recently used rows are kept dequantized (a bounded LRU): every lookup still equals the file's
+    rows, through hits, misses, repeats within a batch and evictions."""
+    from specdecode.loader.gguf_loader import file_embedding
+
+    hf = hf_model("llama", dtype=torch.float64, **K_MODEL)
+    path = tmp_path / "m.gguf"
+    write_gguf(hf, path, lambda name: Q.Q4_K)
+    f = GGUFFile(path)
+    info = f.tensors["token_embd.weight"]
+    table = dequantize_tensor(info, f.raw(info), torch.float32)
+    emb = file_embedding(f, torch.float32)
+    emb._cache_rows = 3
+    for ids in ([[5, 3, 5]], [[3, 7, 9, 11]], [[5, 0], [9, 9]], [[11, 3, 383]]):
+        t = torch.tensor(ids)
+        assert torch.equal(emb(t), table[t])
+        assert len(emb._cache) <= 3
+    assert list(emb._cache) == [3, 11, 383]  # least recently used first
+
+
 @pytest.mark.parametrize("qtype,expect", [(Q.Q4_K, "int4"), (Q.Q4_0, "int4"), (Q.Q5_0, "int4"), (Q.Q5_K, "int4"),
                                           (Q.Q6_K, "int8"), (Q.Q8_0, "int8"), (Q.F16, "none")])
 def test_auto_quant_picks_the_closest_runtime_format(tmp_path, qtype, expect):

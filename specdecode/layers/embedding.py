@@ -10,6 +10,7 @@ quantized format and only the rows looked up are dequantized, so it costs the pa
 actually seen, not a resident copy (Qwen2.5-1.5B: 233 MB of int8 avoided)."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable
 
 import numpy as np
@@ -53,18 +54,36 @@ class FileEmbedding(nn.Module):
     """Rows dequantized on lookup from a table kept outside the process's own memory (a file mapping).
 
     ``read_rows(ids) -> float32 [len(ids), dim]`` for unique int64 ids (numpy); it is called once per
-    forward with the distinct ids of the batch. No parameters or buffers: loaders skip this table."""
+    forward with the distinct ids of the batch that are not cached. No parameters or buffers: loaders
+    skip this table.
+
+    The most recently used rows (up to ``cache_bytes``) are kept dequantized: decoding looks up one
+    or a few tokens a step, mostly frequent ones, and dequantizing a row from the file costs ~0.4 ms
+    a step in Python (2 % of a 1.5B step)."""
 
     def __init__(self, num_embeddings: int, dim: int, read_rows: Callable[[np.ndarray], torch.Tensor],
-                 out_dtype: torch.dtype = torch.float32):
+                 out_dtype: torch.dtype = torch.float32, cache_bytes: int = 16 << 20):
         super().__init__()
         self.num_embeddings, self.dim, self.out_dtype = num_embeddings, dim, out_dtype
         self._read_rows = read_rows
+        self._cache: OrderedDict[int, torch.Tensor] = OrderedDict()  # id -> float32 [dim], LRU order
+        self._cache_rows = max(0, cache_bytes // (4 * dim))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """ids [...] -> [..., dim] in out_dtype, on ids' device."""
         uniq, inverse = torch.unique(ids.cpu(), return_inverse=True)
-        rows = self._read_rows(uniq.numpy())
+        keys = uniq.tolist()
+        cache = self._cache
+        missing = [i for i in keys if i not in cache]
+        fresh = dict(zip(missing, self._read_rows(np.asarray(missing, dtype=np.int64)))) if missing else {}
+        rows = torch.stack([fresh[i] if i in fresh else cache[i] for i in keys])
+        for i in keys:  # most recently used last
+            if i in fresh:
+                cache[i] = fresh[i].clone()
+            else:
+                cache.move_to_end(i)
+        while len(cache) > self._cache_rows:
+            cache.popitem(last=False)
         return rows[inverse].to(ids.device, self.out_dtype)
 
     def extra_repr(self) -> str:
