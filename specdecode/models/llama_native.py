@@ -17,14 +17,18 @@ from ..runtime.context import Context
 
 
 def _linear(m) -> tuple | None:
-    """(SdLinear, tensors it points into) for a native quantized layer, else None."""
+    """(SdLinear, tensors it points into) for a native quantized layer with a float32 bias or none,
+    else None."""
+    bias = m.bias
+    if bias is not None and bias.dtype != torch.float32:
+        return None
     if isinstance(m, Int4Linear) and m.kernel == "native":
         scale, zero = m.qparams[0], m.qparams[1]  # int16 halves [N / 16, K / gs, 16], contiguous
-        keep = [m.qweight, scale, zero] + ([m.bias] if m.bias is not None else [])
-        return linear_operands(4, m.in_features, m.out_features, m.group_size, m.qweight, scale, zero, m.bias), keep
+        keep = [m.qweight, scale, zero, bias]
+        return linear_operands(4, m.in_features, m.out_features, m.group_size, m.qweight, scale, zero, bias), keep
     if isinstance(m, Int8Linear) and m.kernel == "native":
-        keep = [m.qweight, m.scales] + ([m.bias] if m.bias is not None else [])
-        return linear_operands(8, m.in_features, m.out_features, 32, m.qweight, m.scales, None, m.bias), keep
+        keep = [m.qweight, m.scales, bias]
+        return linear_operands(8, m.in_features, m.out_features, 32, m.qweight, m.scales, None, bias), keep
     return None
 
 
@@ -34,11 +38,9 @@ def _layer(layer, cfg) -> LayerOperands | None:
     if any(n is not None and (n.weight.dtype != torch.float32 or not n.weight.is_contiguous()) for n in norms):
         return None
     lins = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
-    if any(lin is None for lin in lins) or lins[0][0].s is None:
+    if any(lin is None for lin in lins):
         return None
-    if any(lin[0].bias is not None and lin[1][-1].dtype != torch.float32 for lin in lins):
-        return None
-    keep = [t for lin in lins for t in lin[1]]
+    keep = [t for lin in lins for t in lin[1] if t is not None]
     return LayerOperands((cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.intermediate_size),
                          cfg.rms_norm_eps, [None if n is None else n.weight.detach() for n in norms],
                          [lin[0] for lin in lins], keep)
