@@ -141,7 +141,6 @@ class NativeKernels:
                                     x.shape[-1], eps)
         return y
 
-
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """gate_up float32 contiguous [..., 2 I] (I % 8 == 0) -> silu(gate) * up, float32 [..., I]."""
         i = gate_up.shape[-1] // 2
@@ -164,7 +163,6 @@ class NativeKernels:
                                                torch.get_num_threads())
         if rc != 0:
             raise MemoryError("native decoder layer: scratch allocation failed")
-
 
     def release_threads(self) -> None:
         """Frees the calling thread's OpenMP worker pool (threads.c says why): call it on a thread that

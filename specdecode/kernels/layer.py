@@ -2,7 +2,7 @@
 sd_linear, sd_layer and sd_batch), and their construction from tensors.
 
 A structure holds raw pointers: the tensors it was built from must stay alive and in place while it
-is used. ``LinearOperands`` and ``LayerOperands`` keep references to them for that reason."""
+is used: ``LayerOperands`` keeps references to them for that reason."""
 from __future__ import annotations
 
 import ctypes

@@ -56,12 +56,12 @@ class NativeForward:
 
     def _operands(self) -> list[LayerOperands] | None:
         layers = self.model.layers
-        # the weights' addresses: a model moved or re-allocated since the operands were built rebuilds them
-        key = (layers[0].self_attn.qkv_proj.qweight.data_ptr(), layers[-1].mlp.down_proj.qweight.data_ptr()) \
-            if hasattr(layers[0].self_attn.qkv_proj, "qweight") and hasattr(layers[-1].mlp.down_proj, "qweight") \
-            else None
-        if key is None:
+        first = getattr(layers[0].self_attn.qkv_proj, "qweight", None)
+        last = getattr(layers[-1].mlp.down_proj, "qweight", None)
+        if first is None or last is None:  # float weights
             return None
+        # the weights' addresses: a model moved or re-allocated since the operands were built rebuilds them
+        key = (first.data_ptr(), last.data_ptr())
         if key != self._key:
             cfg = self.model.cfg
             ops = [_layer(layer, cfg) for layer in layers]
@@ -72,7 +72,7 @@ class NativeForward:
     def begin(self, ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> "_Batch | None":
         """The fused path for this forward (x [B, T, hidden], cos / sin [B, 1, T, D]), or None."""
         cfg = self.model.cfg
-        if (native_kernels() is None or not isinstance(ctx.backend, NativeCPUBackend) or x.dtype != torch.float32
+        if (not isinstance(ctx.backend, NativeCPUBackend) or x.dtype != torch.float32
                 or cfg.hidden_size % 8 or cfg.intermediate_size % 8 or cfg.head_dim % 2
                 or not NativeCPUBackend.runs(ctx, x.device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
                 or (torch.is_grad_enabled() and x.requires_grad)):
