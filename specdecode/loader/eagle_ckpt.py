@@ -83,9 +83,30 @@ def read_head_config(path: Path, target: ModelConfig, fc_in: int) -> tuple[Eagle
     return cfg, layout
 
 
+# How save_head(store="int8") writes a matrix: symmetric int8 per output row, weight = q * scale[:, None].
+INT8_SCHEME = {"quant_method": "specdecode-int8-rows",
+               "format": "<name> int8 [out, in] and <name>_scale float32 [out]: weight = <name> * <name>_scale[:, None]"}
+
+
+def _int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 [out, in] -> (int8 [out, in], float32 scales [out]); error <= scale / 2 per element."""
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), scale.contiguous()
+
+
+def _dequantize_rows(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Replaces every int8 ``<name>`` that has a ``<name>_scale`` by its float32 matrix."""
+    for sname in [n for n in raw if n.endswith("_scale")]:
+        name = sname.removesuffix("_scale")
+        if name in raw and raw[name].dtype == torch.int8:
+            raw[name] = raw[name].float() * raw.pop(sname).float()[:, None]
+    return raw
+
+
 def read_head_tensors(path: Path) -> dict[str, torch.Tensor]:
     """All tensors of a head directory (*.safetensors, else pytorch_model.bin), names normalised to
-    ours: ``midlayer.*``, ``fc.*`` (``model.`` prefixes and speculators' EAGLE-1 names mapped)."""
+    ours: ``midlayer.*``, ``fc.*`` (``model.`` prefixes and speculators' EAGLE-1 names mapped); int8
+    matrices (INT8_SCHEME) dequantized."""
     files = sorted(path.glob("*.safetensors"))
     raw: dict[str, torch.Tensor] = {}
     try:
@@ -101,7 +122,7 @@ def read_head_tensors(path: Path) -> dict[str, torch.Tensor]:
     except (OSError, RuntimeError, ValueError) as e:
         raise ModelFileError(f"{path}: unreadable weights ({e})") from None
     out = {}
-    for name, t in raw.items():
+    for name, t in _dequantize_rows(raw).items():
         name = name.removeprefix("model.")
         for src, dst in (("layers.0.", "midlayer."), ("transformer.", "midlayer."), ("fusion_fc.", "fc.")):
             if name.startswith(src):
@@ -172,22 +193,31 @@ def _layer_config(cfg: EagleConfig) -> dict:
             "vocab_size": cfg.vocab_size, "attention_bias": cfg.attention_bias, "tie_word_embeddings": False}
 
 
-def save_head(head: EagleHead, path: str | Path, layout: str = "hf", dtype: torch.dtype | None = None) -> None:
+def save_head(head: EagleHead, path: str | Path, layout: str = "hf", dtype: torch.dtype | None = None,
+              store: str = "float") -> None:
     """Writes config.json + model.safetensors in the HF (``midlayer.*``) or ``speculators``
-    (``layers.0.*``) layout. The shared target embedding is not written (the head binds it)."""
+    (``layers.0.*``) layout. The shared target embedding is not written (the head binds it).
+    store="int8": every matrix as int8 rows + ``<name>_scale`` (INT8_SCHEME; norms stay ``dtype``),
+    which load_head reads back; other engines read the float form (store="float")."""
     from safetensors.torch import save_file
 
     if layout not in ("hf", "speculators"):
         raise ValueError(f"unknown head layout {layout!r} (hf, speculators)")
+    if store not in ("float", "int8"):
+        raise ValueError(f"unknown head storage {store!r} (float, int8)")
     cfg, path = head.cfg, Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, t in head.state_dict().items():
-        if t.is_floating_point() and dtype is not None:
-            t = t.to(dtype)
         if layout == "speculators" or cfg.kind == "eagle":
             name = name.replace("midlayer.", "layers.0.")
-        tensors[name] = t.detach().cpu().contiguous()
+        t = t.detach().cpu()
+        if store == "int8" and t.is_floating_point() and t.dim() == 2:
+            tensors[name], tensors[name + "_scale"] = _int8_rows(t.float())
+            continue
+        if t.is_floating_point() and dtype is not None:
+            t = t.to(dtype)
+        tensors[name] = t.contiguous()
     save_file(tensors, str(path / "model.safetensors"))
     layer = _layer_config(cfg)
     dt = str(dtype or head.fc.weight.dtype).removeprefix("torch.")
@@ -214,4 +244,6 @@ def save_head(head: EagleHead, path: str | Path, layout: str = "hf", dtype: torc
                                                     "architectures": ["LlamaForCausalLM"]}}}
     if cfg.verifier and layout == "hf":
         conf["verifier"] = cfg.verifier
+    if store == "int8":
+        conf["quantization_config"] = INT8_SCHEME
     (path / "config.json").write_text(json.dumps(conf, indent=2) + "\n")

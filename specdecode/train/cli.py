@@ -15,11 +15,10 @@ from pathlib import Path
 import torch
 
 from ..args import add_model_args
-from ..errors import InvalidRequestError
 
 # EAGLE defaults; flags left unset reach --kind mtp as None, so that train/mtp.py applies its own.
 EAGLE_DEFAULTS = dict(seq_len=512, corpus_tokens=100_000, distill=0, general=0, distill_tokens=256, eval_frac=0.05,
-                      draft_vocab=8192, ttt_steps=3, steps=1000, batch_size=4, lr=1e-3, eval_every=100,
+                      draft_vocab=8192, head_intermediate=0, ttt_steps=3, steps=1000, batch_size=4, lr=1e-3, eval_every=100,
                       save_every=100)
 _FEATURE_KEYS = ("seq_len", "corpus_tokens", "distill", "general", "distill_tokens", "eval_frac")  # decide the cached features
 
@@ -40,6 +39,7 @@ def add_train_parser(sub) -> None:
             ("--distill-tokens", int, "answer length cap"),
             ("--eval-frac", float, "held-out share of files"),
             ("--draft-vocab", int, "EAGLE-3 draft vocabulary size"),
+            ("--head-intermediate", int, "the head's MLP width (0: the target's)"),
             ("--ttt-steps", int, "training-time-test steps"),
             ("--steps", int, "optimizer steps"),
             ("--batch-size", int, "windows per step"),
@@ -51,8 +51,11 @@ def add_train_parser(sub) -> None:
     t.add_argument("--prompts", help="extra distillation prompts: JSONL {'prompt': ...} (never Spec-Bench)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--layout", choices=("hf", "speculators"), default="hf")
+    t.add_argument("--store", choices=("bfloat16", "int8"), default="bfloat16",
+                   help="weights as written: bfloat16, or int8 rows with a scale each (a quarter of the "
+                        "float32 size; what the CPU runs anyway)")
     t.add_argument("--time-limit", type=float, default=0.0, help="minutes; stop cleanly (resumable) after it")
-    t.set_defaults(func=cmd_train_head, quant="none")
+    t.set_defaults(func=cmd_train_head, quant="none")  # --quant int4: features and labels of the target as deployed
 
 
 def eagle_args(a) -> argparse.Namespace:
@@ -66,16 +69,13 @@ def cmd_train_head(a) -> int:
 
         return train_mtp_head(a)
     a = eagle_args(a)
-    if getattr(a, "quant", "none") != "none":
-        raise InvalidRequestError("train-head runs the target with float weights (--quant none): the labels "
-                                  "read its LM head rows")
     from ..runtime.device import resolve_device_dtype
-    from ..loader import load_checkpoint
+    from ..loader import load_checkpoint, weight_quant
     from ..loader.eagle_ckpt import save_head
     from ..heads import model_key
     from ..store import resolve_model
     from .data import load_shards, resolve_data
-    from .eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_weight
+    from .eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_rows
 
     deadline = time.time() + 60 * a.time_limit if a.time_limit > 0 else None
     if a.threads:
@@ -83,7 +83,7 @@ def cmd_train_head(a) -> int:
     torch.manual_seed(a.seed)
     device, dtype = resolve_device_dtype(a.device, a.dtype)
     files = resolve_data(a.data)  # validate before the (slow) model load
-    model, tok = load_checkpoint(resolve_model(a.model), dtype, device)
+    model, tok = load_checkpoint(resolve_model(a.model), dtype, device, weight_quant(a.quant, device))
     out = Path(a.out)
     layers = _aux_layers(model, a.kind)
     if not build_features(model, tok, files, out / "features", a, layers, deadline):
@@ -92,10 +92,10 @@ def cmd_train_head(a) -> int:
     train, held = (Windows(load_shards(out / "features", s), a.kind == "eagle") for s in ("train", "eval"))
     print(f"features: {sum(train.lens)} training tokens in {len(train)} windows, {sum(held.lens)} held out")
     draft_ids = draft_vocabulary(train, a.draft_vocab, sorted(tok.eos_ids), model.cfg.vocab_size)
-    head = new_head(model, a.kind, draft_ids, a.seed, verifier=model_key(a.model)).float()
-    w = target_head_weight(model).float()
-    w_labels = w[draft_ids] if a.kind == "eagle3" else w
-    cov = float(torch.isin(train.argmax, draft_ids).float().mean())
+    head = new_head(model, a.kind, draft_ids, a.seed, verifier=model_key(a.model),
+                    intermediate_size=a.head_intermediate).float()
+    w_labels = target_head_rows(model, draft_ids if a.kind == "eagle3" else None)
+    cov = float(torch.isin(train.column("argmax"), draft_ids).float().mean())
     print(f"draft vocabulary: {len(draft_ids)} tokens, covering {100 * cov:.1f}% of the target's training tokens")
     cfg = TrainConfig(kind=a.kind, draft_vocab=a.draft_vocab, ttt_steps=a.ttt_steps, steps=a.steps,
                       batch_size=a.batch_size, lr=a.lr, eval_every=a.eval_every, save_every=a.save_every, seed=a.seed)
@@ -103,7 +103,7 @@ def cmd_train_head(a) -> int:
     if not res["done"]:
         print(f"stopped at step {res['step']}/{cfg.steps} (time limit): rerun the same command to resume")
         return 0
-    save_head(head, out, a.layout, dtype=torch.bfloat16)
+    save_head(head, out, a.layout, dtype=torch.bfloat16, store="int8" if a.store == "int8" else "float")
     ev = res["eval"]
     if ev is not None:
         (out / "train_report.json").write_text(json.dumps({"steps": res["step"], "eval": ev}, indent=1) + "\n")
@@ -124,9 +124,11 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
     from .data import (check_prompt_file, distill_prompts, extract_shard, general_prompts, is_heldout,
                        sample_windows, write_manifest)
 
-    # "general" enters the manifest only when used, so caches built before the flag existed stay valid
+    # "general" and "quant" enter the manifest only when used, so caches built before those flags
+    # existed stay valid
     settings = {"model": str(a.model), "data": list(a.data), "layers": list(layers), "seed": a.seed,
-                **{k: getattr(a, k) for k in _FEATURE_KEYS if k != "general" or a.general}, "prompts": a.prompts}
+                **{k: getattr(a, k) for k in _FEATURE_KEYS if k != "general" or a.general}, "prompts": a.prompts,
+                **({"quant": a.quant} if a.quant != "none" else {})}
     write_manifest(fdir, settings)
     held = [f for f in files if is_heldout(f, a.eval_frac)] or files[-1:]
     held_set = set(held)

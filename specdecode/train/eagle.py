@@ -47,48 +47,60 @@ class Batch:
 
 
 class Windows:
-    """Token windows and their target features, concatenated from shards; ``batch(idx)`` pads."""
+    """Token windows and their target features, read from shards; ``batch(idx)`` pads.
+
+    Shards stay as they were loaded (memory-mapped by load_shards), so a feature cache larger than
+    memory trains: a batch copies just its own windows. Window i is rows [start, start + len) of
+    shard shard_of[i]."""
 
     def __init__(self, shards: list[dict], eagle1: bool):
-        key = "final" if eagle1 else "feats"
-        self.ids = torch.cat([s["ids"] for s in shards]).long()
-        self.feats = torch.cat([s[key] for s in shards])
-        self.final = torch.cat([s["final"] for s in shards])
-        self.argmax = torch.cat([s["argmax"] for s in shards]).long()
-        lens = torch.cat([s["lens"] for s in shards])
-        self.lens, self.starts = lens.tolist(), (torch.cumsum(lens, 0) - lens).tolist()
+        self.key = "final" if eagle1 else "feats"
+        self.shards = shards
+        self.lens, self.starts, self.shard_of = [], [], []
+        for k, s in enumerate(shards):
+            lens = s["lens"].tolist()
+            self.lens += lens
+            self.starts += (torch.cumsum(s["lens"], 0) - s["lens"]).tolist()
+            self.shard_of += [k] * len(lens)
 
     def __len__(self) -> int:
         return len(self.lens)
 
+    def column(self, name: str) -> torch.Tensor:
+        """One per-token field of every window, concatenated (ids, argmax: small)."""
+        return torch.cat([s[name].long() for s in self.shards]) if self.shards else torch.zeros(0, dtype=torch.long)
+
     def batch(self, idx: list[int], dtype: torch.dtype, device) -> Batch:
         T = max(self.lens[i] for i in idx)
         B = len(idx)
-        out = Batch(torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, self.feats.shape[1]),
-                    torch.zeros(B, T, self.final.shape[1]), torch.zeros(B, T, dtype=torch.long),
+        width = self.shards[0][self.key].shape[1]
+        out = Batch(torch.zeros(B, T, dtype=torch.long), torch.zeros(B, T, width),
+                    torch.zeros(B, T, self.shards[0]["final"].shape[1]), torch.zeros(B, T, dtype=torch.long),
                     torch.zeros(B, T, dtype=torch.bool))
         for b, i in enumerate(idx):
-            s, n = self.starts[i], self.lens[i]
-            out.ids[b, :n], out.argmax[b, :n], out.valid[b, :n] = self.ids[s:s + n], self.argmax[s:s + n], True
-            out.feats[b, :n], out.final[b, :n] = self.feats[s:s + n].float(), self.final[s:s + n].float()
+            sh, s, n = self.shards[self.shard_of[i]], self.starts[i], self.lens[i]
+            out.ids[b, :n], out.argmax[b, :n], out.valid[b, :n] = sh["ids"][s:s + n], sh["argmax"][s:s + n], True
+            out.feats[b, :n], out.final[b, :n] = sh[self.key][s:s + n].float(), sh["final"][s:s + n].float()
         return Batch(out.ids.to(device), out.feats.to(device, dtype), out.final.to(device, dtype),
                      out.argmax.to(device), out.valid.to(device))
 
 
 def draft_vocabulary(windows: Windows, size: int, always: list[int], vocab: int) -> torch.Tensor:
     """The ``size`` most frequent target tokens (what the target emits, and the corpus), sorted ids."""
-    counts = torch.bincount(windows.argmax, minlength=vocab) + torch.bincount(windows.ids, minlength=vocab)
+    counts = torch.bincount(windows.column("argmax"), minlength=vocab) + torch.bincount(windows.column("ids"), minlength=vocab)
     counts[torch.tensor(always, dtype=torch.long)] = counts.max() + 1
     return counts.topk(min(size, vocab)).indices.sort().values
 
 
-def new_head(target, kind: str, draft_ids: torch.Tensor | None, seed: int, verifier: str = "") -> EagleHead:
-    """A head shaped like one target layer. EAGLE-3: lm_head starts from the target's LM head rows of
-    the draft vocabulary and ``norm`` from its final norm (a head that reads the target's state well
-    starts near the target's own predictions)."""
+def new_head(target, kind: str, draft_ids: torch.Tensor | None, seed: int, verifier: str = "",
+             intermediate_size: int = 0) -> EagleHead:
+    """A head shaped like one target layer (its MLP ``intermediate_size`` wide when given: a narrower
+    head is cheaper to run, train and ship). EAGLE-3: lm_head starts from the target's LM head rows
+    of the draft vocabulary and ``norm`` from its final norm (a head that reads the target's state
+    well starts near the target's own predictions)."""
     c = target.cfg
     vd = len(draft_ids) if kind == "eagle3" else c.vocab_size
-    cfg = EagleConfig(kind=kind, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+    cfg = EagleConfig(kind=kind, hidden_size=c.hidden_size, intermediate_size=intermediate_size or c.intermediate_size,
                       num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
                       vocab_size=c.vocab_size, draft_vocab_size=vd, target_hidden_size=c.hidden_size,
                       aux_layers=default_aux_layers(c.num_layers) if kind == "eagle3" else (),
@@ -97,7 +109,7 @@ def new_head(target, kind: str, draft_ids: torch.Tensor | None, seed: int, verif
     head = init_head(cfg, seed).to(target.dtype)
     if kind == "eagle3":
         with torch.no_grad():
-            head.lm_head.weight.copy_(target_head_weight(target)[draft_ids])
+            head.lm_head.weight.copy_(target_head_rows(target, draft_ids))
             head.norm.weight.copy_(target.norm.weight)
             head.d2t.copy_(draft_ids - torch.arange(vd))
             head.t2d.zero_()
@@ -105,9 +117,18 @@ def new_head(target, kind: str, draft_ids: torch.Tensor | None, seed: int, verif
     return head.bind(target)
 
 
-def target_head_weight(target) -> torch.Tensor:
-    """[V, H] rows of the target's LM head (the embedding when tied)."""
-    return (target.embed_tokens.weight if target.lm_head is None else target.lm_head.weight).detach()
+def target_head_rows(target, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """float32 [len(ids), H] rows of the target's LM head as it computes logits (the embedding when
+    tied; dequantized when the head is int8), all [V, H] rows when ids is None."""
+    head = target.lm_head
+    if head is None:
+        w = target.embed_tokens.weight.detach()
+        return (w if ids is None else w[ids]).float()
+    if hasattr(head, "int8_rows"):  # Int8Linear: int8 codes [V, H] x per-row scales [V]
+        rows = head.int8_rows(ids).float()
+        return rows * (head.scales if ids is None else head.scales[ids]).float()[:, None]
+    w = head.dequantize() if hasattr(head, "dequantize") else head.weight.detach()
+    return (w if ids is None else w[ids]).float()
 
 
 def ttt_loss(head: EagleHead, w_labels: torch.Tensor, batch: Batch, steps: int, decay: float):
