@@ -3,9 +3,11 @@
 
     python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
 
-A step is one single-token forward with logits at a 256-token context, as plain decoding runs it.
-Prints per round each model's median step (ms) and their ratio, then the median and range of the
-ratios over rounds."""
+A step is one single-token forward with logits at a 256-token context, as plain decoding runs it for
+the target and as the draft proposer runs it for the draft (with --draft-vocab auto, the default,
+the draft's LM head keeps only the rows of the target's EAGLE-3 draft vocabulary when the target has
+a head; --draft-vocab full times the whole head). Prints per round each model's median step (ms) and
+their ratio, then the median and range of the ratios over rounds."""
 from __future__ import annotations
 
 import argparse
@@ -16,18 +18,22 @@ import time
 import torch
 
 
-def step_ms(eng, steps: int) -> float:
-    runner, kv = eng.runner, eng.kv
+def step_ms(runner, kv, last_logits, steps: int) -> float:
+    """Median ms of ``last_logits(slots, feed, positions)`` for one token after 256 of context."""
     with kv.scratch_slot() as slot:
         runner.forward([slot], [list(range(100, 356))], logits=False)
         kv.set_length(slot, 256)
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            logits, _, _ = runner.forward([slot], [[5]], last_only=True)
+            logits = last_logits([slot], [[5]], None)
             int(logits[0].argmax())
             times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
+
+
+def target_logits(runner):
+    return lambda slots, feed, positions: runner.forward(slots, feed, positions, last_only=True)[0]
 
 
 def main():
@@ -37,19 +43,22 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--draft-vocab", default="auto", choices=("auto", "full"))
     a = ap.parse_args()
     from specdecode.config import EngineConfig, SpecConfig
     from specdecode.engine.engine import Engine
 
     torch.set_num_threads(a.threads)
-    none = SpecConfig(spec_type="none")
-    engines = [Engine(EngineConfig(model=m, threads=a.threads, max_num_seqs=1, max_model_len=1024, spec=none))
-               for m in (a.target, a.draft)]
-    for e in engines:
-        step_ms(e, 4)  # warm-up
+    spec = SpecConfig(spec_type="draft", model_draft=a.draft, draft_vocab=a.draft_vocab)
+    eng = Engine(EngineConfig(model=a.target, threads=a.threads, max_num_seqs=1, max_model_len=1024, spec=spec))
+    prop = eng.proposer
+    print(json.dumps({"draft_vocab": a.draft_vocab, "draft_lm_head_rows": None if prop.vocab is None else len(prop.vocab)}))
+    timed = [(eng.runner, eng.kv, target_logits(eng.runner)), (prop.runner, prop.kv, prop._last_logits)]
+    for t in timed:
+        step_ms(*t, 4)  # warm-up
     ratios = []
     for r in range(a.rounds):
-        t, d = (step_ms(e, a.steps) for e in engines)
+        t, d = (step_ms(*x, a.steps) for x in timed)
         ratios.append(d / t)
         print(json.dumps({"round": r, "target_ms": round(t, 2), "draft_ms": round(d, 2), "ratio": round(d / t, 3)}))
     print(json.dumps({"ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),

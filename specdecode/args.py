@@ -52,6 +52,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    help="most tokens a model drafter (draft, draft-mtp) drafts per step")
     p.add_argument("--draft-min", type=int, default=_SPEC["draft_min"])
     p.add_argument("--draft-p-min", type=float, default=_SPEC["draft_p_min"])
+    p.add_argument("--draft-vocab", default=_SPEC["draft_vocab"], choices=("auto", "full"),
+                   help="the draft model's LM head: auto keeps the rows of the target's EAGLE-3 draft vocabulary "
+                        "(--spec-head or the bundled head) when there is one, full keeps all")
     p.add_argument("--draft-fixed", action="store_true",
                    help="always draft each drafter's most tokens (--draft-max for models; no cost model)")
     p.add_argument("--spec-ngram-size-n", dest="ngram_size_n", type=int, default=_SPEC["ngram_size_n"])

@@ -25,6 +25,7 @@ class SpecConfig:
     draft_min: int = 0  # --draft-min: fewer useful draft tokens than this -> do not draft
     draft_p_min: float = 0.75  # --draft-p-min: stop a greedy draft when its top probability falls below
     draft_fixed: bool = False  # --draft-fixed: always draft draft_max tokens (experiments; no cost model)
+    draft_vocab: str = "auto"  # --draft-vocab: the draft model's LM head rows: auto (a head's draft vocabulary) | full
     ngram_size_n: int = 3  # --spec-ngram-size-n: tokens matched by ngram-simple
     ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens ngram-simple and ngram draft (llama.cpp's size-m)
     prompt_lookup_min: int = 1  # --prompt-lookup-min: smallest n-gram tried by `ngram`
@@ -45,6 +46,8 @@ class SpecConfig:
         from .errors import InvalidRequestError
 
         members = spec_members(self.spec_type)
+        if self.draft_vocab not in ("auto", "full"):
+            raise InvalidRequestError(f"unknown --draft-vocab {self.draft_vocab!r} (auto, full)")
         if self.spec_type not in ("auto", "none") and (not members or any(m not in DRAFTERS for m in members)
                                                        or len(set(members)) < len(members)):
             raise InvalidRequestError(f"unknown --spec-type {self.spec_type!r} (auto, none, one of "

@@ -116,3 +116,32 @@ def test_smollm2_quantized_greedy_identical_for_every_proposer():
         assert out.token_ids == expected, kw
         if kw["spec_type"] in ("draft", "eagle3"):
             assert out.stats["spec"]["draft_tokens"] > 0, kw
+
+
+def test_draft_model_with_a_head_vocabulary(plain, tmp_path):
+    """--draft-vocab auto: with an EAGLE-3 head at hand, the draft model's LM head keeps the rows of
+    the head's draft vocabulary. Its logits there are the full head's, it never drafts another token,
+    and the output stays identical; --draft-vocab full keeps every row."""
+    from safetensors.torch import save_file
+
+    ids = torch.arange(0, 384, 2)  # the even ids: 192 of the tiny model's 384
+    (tmp_path / "head").mkdir()
+    save_file({"d2t": ids - torch.arange(len(ids))}, str(tmp_path / "head" / "model.safetensors"))
+    llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=4, draft_p_min=0.0, head=str(tmp_path / "head"))
+    prop = llm.engine.proposer
+    assert torch.equal(prop.vocab, ids)
+    h = torch.randn(3, prop.model.cfg.hidden_size, dtype=torch.float64)
+    assert torch.allclose(prop.lm_head(h), prop.model.compute_logits(h)[:, ids].to(h.dtype))
+    drafted = []
+    real = prop.propose
+
+    def spy(seqs, max_tokens):
+        trees = real(seqs, max_tokens)
+        drafted.extend(t for tree in trees for t in tree.tokens)
+        return trees
+
+    prop.propose = spy
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    assert drafted and all(t % 2 == 0 for t in drafted)
+    full = tiny_llm("draft", draft_seed=0, draft_vocab="full", head=str(tmp_path / "head")).engine.proposer
+    assert full.vocab is None and full.lm_head is None

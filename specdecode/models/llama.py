@@ -81,6 +81,21 @@ class LlamaModel(nn.Module):
             return torch.nn.functional.linear(hidden, self.embed_tokens.weight).float()
         return self.lm_head(hidden).float()
 
+    @torch.no_grad()
+    def head_rows(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 [len(ids), hidden] rows of the LM head as compute_logits multiplies by them (the
+        embedding when tied; dequantized when the head is quantized); all [vocab, hidden] rows when
+        ids is None."""
+        head = self.lm_head
+        if head is None:
+            w = self.embed_tokens.weight.detach()
+            return (w if ids is None else w[ids]).float()
+        if hasattr(head, "int8_rows"):  # int8 codes [V, H] x per-row scales [V]
+            rows = head.int8_rows(ids).float()
+            return rows * (head.scales if ids is None else head.scales[ids]).float()[:, None]
+        w = head.dequantize() if hasattr(head, "dequantize") else head.weight.detach()
+        return (w if ids is None else w[ids]).float()
+
     # -- weights ---------------------------------------------------------------------------------
     def _sizes(self, packed_name: str) -> list[int]:
         c = self.cfg

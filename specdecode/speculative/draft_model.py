@@ -11,7 +11,13 @@ it missed when drafting resumes would cost a forward over all of it (measured on
 57 ms per resumed step against 21 ms per draft token, which made the re-probes of a text the draft
 predicts badly cost 6 % of decode time). It feeds only the last CATCH_UP tokens and skips the rest:
 the draft then attends its older context and those tokens, with a hole between, which may lower its
-acceptance but never the output's correctness (the target verifies every draft)."""
+acceptance but never the output's correctness (the target verifies every draft).
+
+Draft vocabulary (``--draft-vocab auto``): when the target has an EAGLE-3 head (``--spec-head`` or
+bundled), the draft's LM head keeps only the rows of that head's draft vocabulary, the target's most
+frequent tokens. A 0.5B Qwen's LM head is 38 % of its step's bytes; 8192 of 151936 rows are 2 %.
+The draft then never proposes a token outside it (q = 0 there), which costs acceptance only where
+the target emits one; verification keeps the output exact either way."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -65,8 +71,21 @@ class DraftModelProposer(Proposer):
         self.kv = KVCache(mc.num_layers, target.kv.num_slots + 1, target.kv.max_len, mc.num_kv_heads,
                           mc.head_dim, target.kv_dtype(model.quant), target.device)
         self.runner = ModelRunner(model, self.kv, target.attention)
+        self.vocab = head_vocabulary(spec, target) if spec.draft_vocab == "auto" else None  # [Vr] ids or None
+        self.lm_head = None if self.vocab is None else reduced_head(model, self.vocab)
         self.timer = target.timer
         self._cost = DraftCost(self._calibrate)
+
+    def _last_logits(self, slots, feed, positions) -> torch.Tensor:
+        """The draft forward over ``feed``; float32 logits [B, V_target] of each row's last token."""
+        if self.lm_head is None:
+            logits, _, _ = self.runner.forward(slots, feed, positions, last_only=True)
+            return self._logits_in_target_vocab(logits)
+        _, hidden, _ = self.runner.forward(slots, feed, positions, logits=False)
+        last = hidden[torch.arange(len(feed)), torch.tensor([len(f) - 1 for f in feed])]  # [B, H]
+        out = last.new_full((len(feed), self.target_vocab), float("-inf"), dtype=torch.float32)
+        out[:, self.vocab] = self.lm_head(last).float()
+        return out
 
     def _logits_in_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, V_draft] -> [B, V_target]: drop padded rows, or pad with -inf (q = 0 there)."""
@@ -110,12 +129,10 @@ class DraftModelProposer(Proposer):
             states = [seqs[b].draft_state for b in active]
             # true positions: after a skip the cache length no longer gives them
             first = [st.length + st.fed for st in states]
-            logits, _, _ = self.runner.forward([st.slot for st in states], [feed[b] for b in active],
-                                               [range(p, p + len(feed[b])) for p, b in zip(first, active)],
-                                               last_only=True)
+            logits = self._last_logits([st.slot for st in states], [feed[b] for b in active],
+                                        [range(p, p + len(feed[b])) for p, b in zip(first, active)])
             if all(len(feed[b]) == 1 for b in active):
                 self._cost.observe(len(active), self.timer.now() - t0)
-            logits = self._logits_in_target_vocab(logits)
             still = []
             for row, (b, st) in enumerate(zip(active, states)):
                 self.kv.set_length(st.slot, self.kv.lengths[st.slot] + len(feed[b]))
@@ -156,4 +173,40 @@ class DraftModelProposer(Proposer):
         with self.kv.scratch_slot() as slot:
             self.runner.forward([slot], [[0] * 32], logits=False)
             self.kv.set_length(slot, 32)
-            return self.timer.best_of(lambda: self.runner.forward([slot] * n_seqs, [[0]] * n_seqs, last_only=True))
+            return self.timer.best_of(lambda: self._last_logits([slot] * n_seqs, [[0]] * n_seqs, None))
+
+
+def head_vocabulary(spec: SpecConfig, target: Target) -> torch.Tensor | None:
+    """Sorted target ids of the EAGLE-3 head the target has (--spec-head, else the bundled one): id
+    + d2t[id] for each draft id; None when there is no such head or it keeps the whole vocabulary."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from ..heads import find_head
+
+    try:
+        path = Path(spec.head).expanduser() if spec.head else find_head(target.name, "eagle3")
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            d2t = f.get_tensor("d2t").long()
+    except Exception:  # no head, or one without a reduced vocabulary: keep the full LM head
+        return None
+    ids = (torch.arange(len(d2t)) + d2t).sort().values
+    V = target.model.cfg.vocab_size
+    if len(ids) >= V or ids.max() >= V or ids.min() < 0:
+        return None
+    return ids
+
+
+def reduced_head(model, ids: torch.Tensor) -> torch.nn.Module:
+    """An LM head [len(ids), H] of the model's own rows for ``ids``, in the format the model's head
+    runs in (int8 rows stay int8 with their scales: the logits of those ids are unchanged)."""
+    from ..layers.quant import Int8Linear
+
+    rows = model.head_rows(ids.to(model.device))
+    if model.lm_head is not None and hasattr(model.lm_head, "int8_rows"):
+        return Int8Linear.from_float(rows)
+    lin = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=model.device, dtype=model.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(rows)
+    return lin.requires_grad_(False)

@@ -118,17 +118,8 @@ def new_head(target, kind: str, draft_ids: torch.Tensor | None, seed: int, verif
 
 
 def target_head_rows(target, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 [len(ids), H] rows of the target's LM head as it computes logits (the embedding when
-    tied; dequantized when the head is int8), all [V, H] rows when ids is None."""
-    head = target.lm_head
-    if head is None:
-        w = target.embed_tokens.weight.detach()
-        return (w if ids is None else w[ids]).float()
-    if hasattr(head, "int8_rows"):  # Int8Linear: int8 codes [V, H] x per-row scales [V]
-        rows = head.int8_rows(ids).float()
-        return rows * (head.scales if ids is None else head.scales[ids]).float()[:, None]
-    w = head.dequantize() if hasattr(head, "dequantize") else head.weight.detach()
-    return (w if ids is None else w[ids]).float()
+    """float32 [len(ids), H] rows of the target's LM head as it computes logits (LlamaModel.head_rows)."""
+    return target.head_rows(ids)
 
 
 def ttt_loss(head: EagleHead, w_labels: torch.Tensor, batch: Batch, steps: int, decay: float):
