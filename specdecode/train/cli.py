@@ -106,7 +106,9 @@ def cmd_train_head(a) -> int:
     save_head(head, out, a.layout, dtype=torch.bfloat16, store="int8" if a.store == "int8" else "float")
     ev = res["eval"]
     if ev is not None:
-        (out / "train_report.json").write_text(json.dumps({"steps": res["step"], "eval": ev}, indent=1) + "\n")
+        report = {"steps": res["step"], "train_tokens": sum(train.lens), "held_out_tokens": sum(held.lens),
+                  "draft_vocab_coverage": round(cov, 4), "eval": ev}
+        (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
         print(f"held-out top-1 agreement per draft step: {' '.join(f'{x:.3f}' for x in ev['top1'])}")
     print(f"saved {a.kind} head to {out}")
     return 0
