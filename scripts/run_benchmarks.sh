@@ -94,3 +94,11 @@ specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests
   --json-out out/r7_bench_serve_scaling.json
 specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --json-out out/r7_greedy.json
 specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --temperature 0.7 --json-out out/r7_t07.json
+
+# Round 8: the bundled EAGLE-3 head of the 1.5B; the draft model's LM head trimmed to its draft vocabulary.
+specdecode bench -t $T --spec-types "eagle3,draft(model_draft=qwen2.5-coder-0.5b-instruct),auto" --limit 2 \
+  --max-tokens 128 --json-out out/r8_heads_greedy.json
+for v in full auto full auto; do
+  python scripts/bench_step_ratio.py --threads $T --rounds 3 --draft-vocab $v | tee -a out/r8_step_ratio.jsonl
+done
+python scripts/eagle_interop_llamacpp.py --llama-bin "$LLAMA_BIN" --json-out out/r8_interop.json

