@@ -88,7 +88,13 @@ def main() -> int:
             for pid, kind, ids in items:
                 body = dict(n_predict=a.max_tokens, temperature=0, top_k=1, ignore_eos=True, cache_prompt=False,
                             return_tokens=True, prompt=ids)
-                r = _post(url + "/completion", body)
+                try:
+                    r = _post(url + "/completion", body)
+                except OSError:
+                    srv = servers["eagle3"][0]
+                    srv.wait(30)
+                    why = [x for x in srv.stderr.read().splitlines() if "GGML_ASSERT" in x or "error" in x.lower()]
+                    sys.exit(f"llama-server died on the first request: {why[-1] if why else 'no message'}")
                 t = r["timings"]
                 o = ours.generate(ids, params)[0]
                 s = o.stats["spec"]

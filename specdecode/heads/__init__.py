@@ -32,6 +32,17 @@ def find_head(model: str, kind: str) -> Path:
     return d
 
 
+def head_fits(path: Path, cfg) -> bool:
+    """Whether the head in ``path`` reads a target shaped like ``cfg`` (vocabulary and hidden size):
+    a model known by a bundled head's name may be another model (a test's, a renamed file)."""
+    try:
+        c = json.loads((path / "config.json").read_text())
+        layer = c.get("transformer_layer_config") or c
+        return layer["vocab_size"] == cfg.vocab_size and (c.get("target_hidden_size") or layer["hidden_size"]) == cfg.hidden_size
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return False
+
+
 def bundled_heads(model: str) -> list[Path]:
     """Bundled head directories whose config.json names ``model`` as its base_model (MTP heads)."""
     found = []

@@ -58,7 +58,7 @@ def auto_members(spec: SpecConfig, target: Target) -> tuple[str, ...]:
     """What ``auto`` chains for this model: the draftless drafters always (suffix where its package is
     installed, else prompt lookup; ngram-mod), a head when one exists (--spec-head, a bundled EAGLE-3
     head, MTP heads in the model file), a draft model only when the user names one."""
-    from ..heads import find_head
+    from ..heads import find_head, head_fits
     from .suffix import available
 
     members = ["suffix" if available() else "ngram", "ngram-mod"]
@@ -66,8 +66,8 @@ def auto_members(spec: SpecConfig, target: Target) -> tuple[str, ...]:
         members.append("eagle3")
     else:
         try:
-            find_head(target.name, "eagle3")
-            members.append("eagle3")
+            if head_fits(find_head(target.name, "eagle3"), target.model.cfg):
+                members.append("eagle3")
         except Exception:  # no bundled head for this model
             pass
     if getattr(target.model.cfg, "num_nextn_layers", 0):

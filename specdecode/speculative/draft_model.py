@@ -183,10 +183,12 @@ def head_vocabulary(spec: SpecConfig, target: Target) -> torch.Tensor | None:
 
     from safetensors import safe_open
 
-    from ..heads import find_head
+    from ..heads import find_head, head_fits
 
     try:
         path = Path(spec.head).expanduser() if spec.head else find_head(target.name, "eagle3")
+        if not spec.head and not head_fits(path, target.model.cfg):
+            return None
         with safe_open(str(path / "model.safetensors"), "pt") as f:
             d2t = f.get_tensor("d2t").long()
     except Exception:  # no head, or one without a reduced vocabulary: keep the full LM head
