@@ -101,4 +101,5 @@ specdecode bench -t $T --spec-types "eagle3,draft(model_draft=qwen2.5-coder-0.5b
 for v in full auto full auto; do
   python scripts/bench_step_ratio.py --threads $T --rounds 3 --draft-vocab $v | tee -a out/r8_step_ratio.jsonl
 done
-python scripts/eagle_interop_llamacpp.py --llama-bin "$LLAMA_BIN" --json-out out/r8_interop.json
+python scripts/eagle_interop_llamacpp.py --llama-bin "$LLAMA_BIN" --json-out out/r8_interop.json  # Qwen2: llama-server aborts
+python scripts/eagle_interop_llamacpp.py --llama-bin "$LLAMA_BIN" --model smollm2-135m-instruct --max-tokens 32
