@@ -435,40 +435,25 @@ def test_general_prompts_are_distinct_seeded_and_not_spec_bench():
 
 
 @pytest.mark.integration
-def test_smollm2_bundled_head_greedy_identical():
-    """The committed head loads by model name alone, drafts accepted tokens, and keeps SmolLM2's greedy output."""
-    try:
-        from specdecode.store import resolve_model
-        path = resolve_model("smollm2-135m-instruct", quiet=True)
-    except Exception as e:  # no network: optional
-        pytest.skip(f"SmolLM2 GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    # float weights: the int4/int8 kernels round activations to bfloat16 differently for 1 and for k+1
-    # rows, which flips SmolLM2's near-ties between plain and speculative decoding alike (any proposer)
-    plain = LLM(str(path), max_model_len=512, quant="none")
-    eagle = LLM("smollm2-135m-instruct", spec_type="eagle3", draft_fixed=True, max_model_len=512, quant="none",
-                _model=plain.engine.model, _tokenizer=plain.tokenizer)
-    ids = plain.encode_chat([{"role": "user", "content": "Write a Python function that checks whether a number is prime."}])
-    params = SamplingParams(temperature=0, max_tokens=48)
-    out = eagle.generate(ids, params)[0]
-    assert out.token_ids == plain.generate(ids, params)[0].token_ids
-    assert out.stats["spec"]["accepted_tokens"] > 0
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize("model", ["qwen2.5-coder-1.5b-instruct"])
-def test_qwen_bundled_head_runs_by_model_name(model):
-    """`--spec-type eagle3` on a Qwen model with nothing but its name: the bundled head loads, drafts
-    accepted tokens, and the int4 target's greedy output is unchanged."""
+@pytest.mark.parametrize("model,quant", [
+    # float weights for SmolLM2: the int4/int8 kernels round activations to bfloat16 differently for 1
+    # and for k+1 rows, which flips SmolLM2's near-ties between plain and speculative decoding alike
+    ("smollm2-135m-instruct", "none"),
+    ("qwen2.5-coder-1.5b-instruct", "auto"),  # the int4 target as it runs by default
+])
+def test_bundled_head_runs_by_model_name(model, quant):
+    """`--spec-type eagle3` with nothing but the model's name: the bundled head loads, drafts
+    accepted tokens, and the target's greedy output is unchanged."""
     try:
         from specdecode.store import resolve_model
         resolve_model(model, quiet=True)
     except Exception as e:  # no registry: optional
         pytest.skip(f"{model} GGUF unavailable: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    plain = LLM(model, spec_type="none", max_model_len=512, max_num_seqs=1)
-    eagle = LLM(model, spec_type="eagle3", draft_fixed=True, max_model_len=512, max_num_seqs=1,
+    plain = LLM(model, spec_type="none", max_model_len=512, max_num_seqs=1, quant=quant)
+    eagle = LLM(model, spec_type="eagle3", draft_fixed=True, max_model_len=512, max_num_seqs=1, quant=quant,
                 _model=plain.engine.model, _tokenizer=plain.tokenizer)
-    ids = plain.encode_chat([{"role": "user", "content": "Write a Python function that reverses a string."}])
-    params = SamplingParams(temperature=0, max_tokens=40)
+    ids = plain.encode_chat([{"role": "user", "content": "Write a Python function that checks whether a number is prime."}])
+    params = SamplingParams(temperature=0, max_tokens=48)
     out = eagle.generate(ids, params)[0]
     assert out.token_ids == plain.generate(ids, params)[0].token_ids
     assert out.stats["spec"]["accepted_tokens"] > 0
