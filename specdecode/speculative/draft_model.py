@@ -72,6 +72,8 @@ class DraftModelProposer(Proposer):
                           mc.head_dim, target.kv_dtype(model.quant), target.device)
         self.runner = ModelRunner(model, self.kv, target.attention)
         self.vocab = head_vocabulary(spec, target) if spec.draft_vocab == "auto" else None  # [Vr] ids or None
+        if self.vocab is not None:
+            self.vocab = self.vocab.to(target.device)
         self.lm_head = None if self.vocab is None else reduced_head(model, self.vocab)
         self.timer = target.timer
         self._cost = DraftCost(self._calibrate)
@@ -82,7 +84,8 @@ class DraftModelProposer(Proposer):
             logits, _, _ = self.runner.forward(slots, feed, positions, last_only=True)
             return self._logits_in_target_vocab(logits)
         _, hidden, _ = self.runner.forward(slots, feed, positions, logits=False)
-        last = hidden[torch.arange(len(feed)), torch.tensor([len(f) - 1 for f in feed])]  # [B, H]
+        rows = torch.arange(len(feed), device=hidden.device)
+        last = hidden[rows, torch.tensor([len(f) - 1 for f in feed], device=hidden.device)]  # [B, H]
         out = last.new_full((len(feed), self.target_vocab), float("-inf"), dtype=torch.float32)
         out[:, self.vocab] = self.lm_head(last).float()
         return out
