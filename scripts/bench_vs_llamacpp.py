@@ -83,13 +83,14 @@ def _post(url: str, payload: dict, timeout: float = 600) -> dict:
         return json.loads(r.read())
 
 
-def theirs(bin_dir: Path, model: str, draft: str, configs: list[str], threads: int) -> dict:
-    """One llama-server per configuration (their flags differ), all started at once and left idle
-    between requests: {config: (process, url)}."""
+def theirs(bin_dir: Path, model: str, draft: str, configs: list[str], threads: int,
+           flags_of: dict[str, list[str]] = THEIRS) -> dict:
+    """One llama-server per configuration (their flags differ: ``flags_of``), all started at once and
+    left idle between requests: {config: (process, url)}."""
     servers = {}
     for c in configs:
         port = _free_port()
-        flags = [f.format(draft=draft) for f in THEIRS[c]]
+        flags = [f.format(draft=draft) for f in flags_of[c]]
         cmd = [str(bin_dir / "llama-server"), "-m", model, "-t", str(threads), "-c", "4096", "-np", "1",
                "--host", "127.0.0.1", "--port", str(port), "--no-webui", *flags]
         servers[c] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True),

@@ -76,11 +76,9 @@ def main() -> int:
         subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(hdir), "--target-model-dir",
                         str(tdir), "--outfile", str(hgguf), "--outtype", "bf16"], check=True,
                        stdout=subprocess.DEVNULL)
-        import bench_vs_llamacpp as b
-
-        b.THEIRS["eagle3"] = ["--spec-type", "draft-eagle3", "-md", str(hgguf), "--spec-draft-n-max",
-                              str(a.n_max), "--spec-draft-n-min", str(a.n_max), "--spec-draft-p-min", "0"]
-        servers = theirs(bin_dir, str(gguf), "", ["eagle3"], a.threads)
+        eagle3 = ["--spec-type", "draft-eagle3", "-md", str(hgguf), "--spec-draft-n-max", str(a.n_max),
+                  "--spec-draft-n-min", str(a.n_max), "--spec-draft-p-min", "0"]
+        servers = theirs(bin_dir, str(gguf), "", ["eagle3"], a.threads, {"eagle3": eagle3})
         rows = []
         try:
             url = servers["eagle3"][1]

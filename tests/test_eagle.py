@@ -377,7 +377,7 @@ def test_training_makes_the_head_agree(tmp_path):
     agreement rises, a resumed run is a no-op, the trained head keeps greedy output identical and
     drafts accepted tokens."""
     from specdecode.train.data import extract_shard, load_shards
-    from specdecode.train.eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_rows
+    from specdecode.train.eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head
 
     m = target(bigram=True)
     g = torch.Generator().manual_seed(0)
@@ -397,7 +397,7 @@ def test_training_makes_the_head_agree(tmp_path):
         assert torch.equal(a, b)
     ids = draft_vocabulary(train, 128, [], 384)
     head = new_head(m, "eagle3", ids, 0).float()  # taps (0, 1, 2): the default for shallow targets
-    w = target_head_rows(m, ids)
+    w = m.head_rows(ids)
     cfg = TrainConfig(steps=60, batch_size=4, lr=3e-3, warmup=5, eval_every=60, save_every=20)
     res = fit(head, w, train, held, cfg, tmp_path, "cpu", progress=False)
     assert res["done"] and res["eval"]["top1"][0] > 0.4
@@ -475,21 +475,20 @@ def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
 
 
 def test_labels_read_a_quantized_lm_head():
-    """target_head_rows: the rows the target computes its logits with, also when its LM head is int8
+    """LlamaModel.head_rows: the rows the target computes its logits with, also when its LM head is int8
     (train-head --quant int4 trains on the target as deployed)."""
     from specdecode.layers.quant import Int8Linear
-    from specdecode.train.eagle import target_head_rows
 
     m = target()
     h = torch.randn(5, m.cfg.hidden_size, dtype=F64)
     ids = torch.tensor([3, 0, 77, 200])
-    assert torch.allclose(target_head_rows(m, ids).double() @ h.T, m.compute_logits(h)[:, ids].T.double(), atol=1e-4)
+    assert torch.allclose(m.head_rows(ids).double() @ h.T, m.compute_logits(h)[:, ids].T.double(), atol=1e-4)
     m.lm_head = Int8Linear.from_float(m.lm_head.weight.detach().float())
-    assert torch.equal(target_head_rows(m), m.lm_head.dequantize())
-    assert torch.equal(target_head_rows(m)[ids], target_head_rows(m, ids))
+    assert torch.equal(m.head_rows(), m.lm_head.dequantize())
+    assert torch.equal(m.head_rows()[ids], m.head_rows(ids))
     # the kernel also rounds the activations: agreement within a percent of the logits' range
     want = m.compute_logits(h.float())[:, ids].T
-    assert (target_head_rows(m, ids) @ h.float().T - want).abs().max() < 0.01 * want.abs().max()
+    assert (m.head_rows(ids) @ h.float().T - want).abs().max() < 0.01 * want.abs().max()
 
 
 def test_package_corpus_keeps_permissive_licences_only():

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from .quant.formats import quantize_int8
+
 
 class Int8Embedding(nn.Module):
     def __init__(self, num_embeddings: int, dim: int, out_dtype: torch.dtype = torch.float32):
@@ -38,9 +40,8 @@ class Int8Embedding(nn.Module):
     @torch.no_grad()
     def load_rows(self, offset: int, rows: torch.Tensor) -> None:
         """rows [n, dim] float -> int8 rows [offset, offset + n), symmetric per row (error <= scale/2)."""
-        rows = rows.float()
-        scale = (rows.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-        self.qweight[offset:offset + len(rows)] = torch.round(rows / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+        q, scale = quantize_int8(rows.float())
+        self.qweight[offset:offset + len(rows)] = q
         self.scales[offset:offset + len(rows)] = scale
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

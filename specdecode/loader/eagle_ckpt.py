@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelFileError
+from ..layers.quant import quantize_int8
 from ..models.config import ModelConfig, RopeScaling
 from ..models.eagle import EagleConfig, EagleHead, default_aux_layers
 from .hf import rope_scaling_from_dict
@@ -86,12 +87,6 @@ def read_head_config(path: Path, target: ModelConfig, fc_in: int) -> tuple[Eagle
 # How save_head(store="int8") writes a matrix: symmetric int8 per output row, weight = q * scale[:, None].
 INT8_SCHEME = {"quant_method": "specdecode-int8-rows",
                "format": "<name> int8 [out, in] and <name>_scale float32 [out]: weight = <name> * <name>_scale[:, None]"}
-
-
-def _int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float32 [out, in] -> (int8 [out, in], float32 scales [out]); error <= scale / 2 per element."""
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    return torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous(), scale.contiguous()
 
 
 def _dequantize_rows(raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -213,7 +208,8 @@ def save_head(head: EagleHead, path: str | Path, layout: str = "hf", dtype: torc
             name = name.replace("midlayer.", "layers.0.")
         t = t.detach().cpu()
         if store == "int8" and t.is_floating_point() and t.dim() == 2:
-            tensors[name], tensors[name + "_scale"] = _int8_rows(t.float())
+            q, scale = quantize_int8(t.float())
+            tensors[name], tensors[name + "_scale"] = q.contiguous(), scale.contiguous()
             continue
         if t.is_floating_point() and dtype is not None:
             t = t.to(dtype)

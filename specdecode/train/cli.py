@@ -75,7 +75,7 @@ def cmd_train_head(a) -> int:
     from ..heads import model_key
     from ..store import resolve_model
     from .data import load_shards, resolve_data
-    from .eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head, target_head_rows
+    from .eagle import TrainConfig, Windows, draft_vocabulary, fit, new_head
 
     deadline = time.time() + 60 * a.time_limit if a.time_limit > 0 else None
     if a.threads:
@@ -94,7 +94,7 @@ def cmd_train_head(a) -> int:
     draft_ids = draft_vocabulary(train, a.draft_vocab, sorted(tok.eos_ids), model.cfg.vocab_size)
     head = new_head(model, a.kind, draft_ids, a.seed, verifier=model_key(a.model),
                     intermediate_size=a.head_intermediate).float()
-    w_labels = target_head_rows(model, draft_ids if a.kind == "eagle3" else None)
+    w_labels = model.head_rows(draft_ids if a.kind == "eagle3" else None)
     cov = float(torch.isin(train.column("argmax"), draft_ids).float().mean())
     print(f"draft vocabulary: {len(draft_ids)} tokens, covering {100 * cov:.1f}% of the target's training tokens")
     cfg = TrainConfig(kind=a.kind, draft_vocab=a.draft_vocab, ttt_steps=a.ttt_steps, steps=a.steps,

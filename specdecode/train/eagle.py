@@ -109,17 +109,12 @@ def new_head(target, kind: str, draft_ids: torch.Tensor | None, seed: int, verif
     head = init_head(cfg, seed).to(target.dtype)
     if kind == "eagle3":
         with torch.no_grad():
-            head.lm_head.weight.copy_(target_head_rows(target, draft_ids))
+            head.lm_head.weight.copy_(target.head_rows(draft_ids))
             head.norm.weight.copy_(target.norm.weight)
             head.d2t.copy_(draft_ids - torch.arange(vd))
             head.t2d.zero_()
             head.t2d[draft_ids] = True
     return head.bind(target)
-
-
-def target_head_rows(target, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """float32 [len(ids), H] rows of the target's LM head as it computes logits (LlamaModel.head_rows)."""
-    return target.head_rows(ids)
 
 
 def ttt_loss(head: EagleHead, w_labels: torch.Tensor, batch: Batch, steps: int, decay: float):
