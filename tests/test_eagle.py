@@ -409,6 +409,21 @@ def test_training_makes_the_head_agree(tmp_path):
     assert sum(o.stats["spec"]["accepted_tokens"] for o in outs) > 0
 
 
+def test_training_autocasts_to_bfloat16_only_where_native(monkeypatch):
+    """Without a native bfloat16 matmul (Zen 3, AVX2 laptops) the emulated one is several times slower
+    than float32, so training's default autocast follows runtime.device.fast_bf16; an explicit bf16 wins."""
+    import specdecode.train.eagle as te
+
+    for native in (False, True):
+        monkeypatch.setattr(te, "fast_bf16", lambda device, native=native: native)
+        with te._autocast(te.TrainConfig(), "cpu"):
+            assert torch.is_autocast_enabled("cpu") == native
+        with te._autocast(te.TrainConfig(bf16=False), "cpu"):
+            assert not torch.is_autocast_enabled("cpu")
+        with te._autocast(te.TrainConfig(bf16=True), "cpu"):
+            assert torch.is_autocast_enabled("cpu")
+
+
 def test_train_head_arguments():
     """EAGLE defaults fill unset flags; --kind mtp receives None for them (train/mtp.py has its own)."""
     from specdecode.cli import build_parser

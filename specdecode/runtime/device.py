@@ -19,6 +19,20 @@ def resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.d
     return dev, DTYPES[dtype]
 
 
+def fast_bf16(device: torch.device | str) -> bool:
+    """Whether bfloat16 matrix products run natively on ``device``. CPUs without AVX512-BF16 / AMX
+    (Zen 3, most client laptops) emulate them, several times slower than float32."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if dev.type != "cpu":
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def kv_dtype(kv_cache_dtype: str, quant: str, device: torch.device, dtype: torch.dtype) -> torch.dtype:
     """The KV cache's element type (EngineConfig.kv_cache_dtype) for a model whose linears are ``quant``:
     auto = bfloat16 for a quantized model on CPU, else the model's dtype."""

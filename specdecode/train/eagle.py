@@ -19,6 +19,7 @@ import torch
 
 from ..models.eagle import EagleConfig, EagleHead, default_aux_layers, init_head
 from ..runtime.attention import backend
+from ..runtime.device import fast_bf16
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class TrainConfig:
     draft_vocab: int = 8192  # EAGLE-3 reduced vocabulary (most frequent target tokens)
     ttt_steps: int = 3
     decay: float = 0.8  # loss weight of TTT step s is decay**s
-    bf16: bool = True  # autocast matmuls to bfloat16 (weights and optimizer stay float32)
+    bf16: bool | None = None  # autocast matmuls to bfloat16 (weights and optimizer stay float32); None: where native
     steps: int = 1000  # optimizer steps
     batch_size: int = 4  # windows per step
     lr: float = 1e-3
@@ -153,7 +154,8 @@ def ttt_loss(head: EagleHead, w_labels: torch.Tensor, batch: Batch, steps: int, 
 def _autocast(cfg: TrainConfig, device):
     # RMSNorm keeps float32 weights under autocast (torch warns that it cannot fuse; harmless)
     warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")
-    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=cfg.bf16)
+    on = fast_bf16(device) if cfg.bf16 is None else cfg.bf16
+    return torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=on)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:

@@ -201,7 +201,7 @@ def train_mtp_head(args, _model=None, _tokenizer=None) -> int:
     ``_model``/``_tokenizer``: an already loaded target (tests)."""
     from tqdm import tqdm
 
-    from ..runtime.device import resolve_device_dtype
+    from ..runtime.device import fast_bf16, resolve_device_dtype
     from ..loader import load_checkpoint
     from ..loader.mtp_ckpt import attach_mtp, save_head_dir
     from ..store import resolve_model
@@ -212,8 +212,11 @@ def train_mtp_head(args, _model=None, _tokenizer=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if a.threads:
         torch.set_num_threads(a.threads)
-    # the frozen target runs in bfloat16 unless --dtype says otherwise; the head trains in float32
-    device, target_dtype = resolve_device_dtype(a.device, "bfloat16" if a.dtype == "auto" else a.dtype)
+    # the frozen target runs in bfloat16 where that is native (float32 where it is emulated) unless --dtype
+    # says otherwise; the head trains in float32
+    device, target_dtype = resolve_device_dtype(a.device, "float32" if a.dtype == "auto" else a.dtype)
+    if a.dtype == "auto" and fast_bf16(device):
+        target_dtype = torch.bfloat16
     resolve_data(a.data)  # validate before the (slow) model load
     path = resolve_model(a.model)
     model, tok = (_model, _tokenizer) if _model is not None else load_checkpoint(path, target_dtype, device)
