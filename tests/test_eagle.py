@@ -489,6 +489,34 @@ def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
     assert out.stats["spec"]["mean_acceptance_length"] > 2.0
 
 
+def test_prompt_is_fed_to_the_head_during_prefill_and_a_catch_up_is_no_level_cost(plain, monkeypatch):
+    """The head's entries for the prompt are fed while the target prefills (time to first token): the
+    first proposal finds the whole prompt fed and nothing pending. After steps in which the head did
+    not draft (a chain chose another drafter), the next proposal catches up on every missed entry; that
+    one-off feed is not a tree level's cost, so it is not folded into the measured drafting cost."""
+    m = target(bigram=True)
+    eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
+    e = eng.engine
+    prop = e.proposer
+    seen, observed, original, drafting, steps = [], [], prop.propose, e._draft_lengths, iter(range(1000))
+
+    def recording(seqs, ks):
+        st = seqs[0].draft_state
+        seen.append((st.fed, None if st.feats is None else len(st.feats)))
+        return original(seqs, ks)
+
+    monkeypatch.setattr(prop, "propose", recording)
+    monkeypatch.setattr(prop._step_cost, "observe", lambda batch, s: observed.append(s))
+    # the first step drafts, the next eight decode plainly, then every step drafts again
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if 1 <= next(steps) <= 8 else drafting(seqs))
+    out = eng.generate(PROMPTS[0], GREEDY)[0]
+    assert out.token_ids == plain[True][0]
+    assert seen[0] == (len(PROMPTS[0]) - 1, None)  # the prompt's entries, fed during prefill
+    assert seen[1][1] > 3 + 1  # the catch-up: more than one verify commits
+    assert all(n is None or n <= 3 + 1 for _, n in seen[2:])
+    assert len(observed) == len(seen) - 1  # every proposal but the catch-up measured its levels
+
+
 def test_labels_read_a_quantized_lm_head():
     """LlamaModel.head_rows: the rows the target computes its logits with, also when its LM head is int8
     (train-head --quant int4 trains on the target as deployed)."""

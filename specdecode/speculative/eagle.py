@@ -3,8 +3,11 @@ growing a token tree EAGLE-2 style with SGLang's knobs.
 
 Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's entry for position base + i
 (entry j = target features at j + embedding of token j+1; see models/eagle.py), ``fed`` committed
-entries, and pending target features (handed to ``commit`` after each verify) not fed yet. A proposal
-feeds the pending entries, then grows the tree: depth 1 = the top-k tokens of the last entry; each
+entries, the head's output at the newest of them (``last``: it drafts depth 1), and pending target
+features (handed to ``commit`` after each verify) not fed yet. The prompt's entries are fed during
+the target's prefill (time to first token, as a draft model's prefill), so a first proposal never
+feeds a whole prompt mid-decode. A proposal feeds the pending entries (one verify's worth, or more
+after steps in which a chain chose another drafter), then grows the tree: depth 1 = the top-k tokens of the last entry; each
 later step feeds the k best frontier nodes (by path log-probability) as entries that see the
 committed prefix and their own ancestors (tree mask), and scores their top-k children; finally the
 best ``num_draft_tokens - 1`` nodes overall are kept (parents score at least as high as their
@@ -40,6 +43,7 @@ class _State:
     fed: int = 0  # committed head entries: positions base .. base + fed - 1
     feats: torch.Tensor | None = None  # [n, F] target features of positions fstart .. fstart + n - 1
     fstart: int = 0
+    last: torch.Tensor | None = None  # [H] pre-norm output of entry base + fed - 1 (valid when feats is None)
 
 
 class EagleProposer(Proposer):
@@ -91,9 +95,15 @@ class EagleProposer(Proposer):
         elif start + len(feats) > st.base + st.fed:
             st.feats, st.fstart = feats, start
 
+    @torch.inference_mode()
     def prefill(self, seq, start, end, hidden):
-        """Prompt features from the engine's prefill (positions start .. end - 1): none are recomputed."""
-        self._add_features(self._state(seq), start, self.head.features(*hidden))
+        """Prompt features from the engine's prefill (positions start .. end - 1; none are recomputed,
+        except those of a prefix-cache hit before ``start``), fed to the head at once."""
+        st = self._state(seq)
+        self._add_features(st, start, self.head.features(*hidden))
+        self._fill_gap(seq, st, end)
+        if st.feats is not None:
+            self._feed_pending([seq], [st])
 
     def commit(self, seq, num_accepted, hidden):
         st = self._state(seq)
@@ -107,10 +117,9 @@ class EagleProposer(Proposer):
             self.kv.free(seq.draft_state.slot)
             seq.draft_state = None
 
-    def _fill_gap(self, seq, st: _State) -> None:
-        """Recomputes target features for committed positions the head lacks (the prompt, unless the
-        engine passed them), limited to PROMPT_WINDOW."""
-        end = len(seq.tokens) - 1  # the target's committed length
+    def _fill_gap(self, seq, st: _State, end: int) -> None:
+        """Recomputes target features for positions before ``end`` (in the target's cache) that the
+        head lacks (a prefix-cache hit, unless the engine passed them), limited to PROMPT_WINDOW."""
         have = st.fstart if st.feats is not None else end
         if have <= st.base + st.fed:
             return
@@ -129,25 +138,32 @@ class EagleProposer(Proposer):
         for b, seq in enumerate(seqs):
             if max_tokens[b] > 0:
                 st = self._state(seq)
-                self._fill_gap(seq, st)
-                if st.feats is not None and len(st.feats):
+                self._fill_gap(seq, st, len(seq.tokens) - 1)  # the target's committed length
+                if st.feats is not None or st.last is not None:
                     rows.append(b)
         if not rows:
             return trees
         t0 = self.timer.now()
         states = [seqs[b].draft_state for b in rows]
-        x_last = self._feed_pending([seqs[b] for b in rows], states)
+        pending = [i for i, st in enumerate(states) if st.feats is not None]
+        # more than one verify commits (root + a path of at most num_steps): a catch-up after steps
+        # the head did not draft, a one-off cost that is not a tree level's
+        catch_up = any(len(states[i].feats) > self.spec.num_steps + 1 for i in pending)
+        if pending:
+            self._feed_pending([seqs[rows[i]] for i in pending], [states[i] for i in pending])
+        x_last = torch.stack([st.last for st in states])
         keep = [min(max_tokens[b], self.max_tokens) for b in rows]
         steps = min(self.spec.num_steps, max(keep))
         cands = self._grow(x_last, states, [len(seqs[b].tokens) - 1 for b in rows], steps)
         for i, b in enumerate(rows):
             trees[b] = _select(cands[i], keep[i])
-        self._step_cost.observe(len(rows), (self.timer.now() - t0) / steps)
+        if not catch_up:
+            self._step_cost.observe(len(rows), (self.timer.now() - t0) / steps)
         return trees
 
-    def _feed_pending(self, seqs, states) -> torch.Tensor:
-        """Feeds every row's pending entries (causal; KV index = position - base) and commits them.
-        Returns the pre-norm output of each row's last entry [B, H]: it drafts depth 1."""
+    def _feed_pending(self, seqs, states) -> None:
+        """Feeds every row's pending entries (causal; KV index = position - base), commits them and
+        keeps the pre-norm output of each row's last entry (``last``: it drafts depth 1)."""
         h, dev = self.head, self.head.device
         n = [len(st.feats) for st in states]
         T, B = max(n), len(states)
@@ -162,11 +178,11 @@ class EagleProposer(Proposer):
                       backend=self.target.attention)  # causal among each row's new entries
         with use_context(ctx, dev):
             x = h.step(h.embed(ids.to(dev)), h.project(feats), pos.to(dev))
-        for st, k in zip(states, n):
+        for b, (st, k) in enumerate(zip(states, n)):
             st.fed += k
             st.feats = None
+            st.last = x[b, k - 1].clone()  # not a view that keeps the whole forward's output
             self.kv.set_length(st.slot, st.fed)
-        return x[torch.arange(B), torch.tensor(n) - 1]
 
     def _grow(self, x_last: torch.Tensor, states, root_pos: list[int], steps: int) -> list[list[tuple]]:
         """EAGLE-2 expansion for B rows at once. Returns per row the candidates in creation order as
