@@ -68,6 +68,48 @@ def test_new_request_probes_then_backs_off():
     assert choose_draft_length(est.alphas(4), 0.0, v, 4) > 0
 
 
+def test_a_new_request_starts_from_the_drafters_engine_wide_record():
+    """Each request's prior is its drafter's engine-wide record (the pool): after a request whose every
+    draft was rejected, the next one does not probe again from the optimistic prior. A pool nobody
+    drafted with fades back to that prior (once per engine step), so the drafter is tried again."""
+    v = {1: 1.0, 2: 1.18, 3: 1.38, 4: 1.7, 5: 2.5}.__getitem__
+    pool = AcceptanceEstimate()
+    first = AcceptanceEstimate(pool=pool)
+    assert choose_draft_length(first.alphas(4), 0.0, v, 4) > 0  # a fresh engine: optimistic
+    for _ in range(10):
+        first.observe(3, 0)
+    pool.absorb(first)  # the request finished
+    assert choose_draft_length(AcceptanceEstimate(pool=pool).alphas(4), 0.0, v, 4) == 0
+    good, pool2 = AcceptanceEstimate(), AcceptanceEstimate()
+    for _ in range(6):
+        good.observe(3, 3)
+    pool2.absorb(good)
+    assert choose_draft_length(AcceptanceEstimate(pool=pool2).alphas(4), 0.0, v, 4) == 3
+    for _ in range(200):
+        pool.decay()
+    assert choose_draft_length(AcceptanceEstimate(pool=pool).alphas(4), 0.0, v, 4) > 0
+
+
+def test_the_next_request_does_not_reprobe_a_drafter_that_lost():
+    """Engine level: a drafter that never finds a draft is probed by the first request only."""
+    from specdecode import SamplingParams
+    from specdecode.speculative.tree import DraftTree
+    from tiny_models import tiny_llm
+
+    llm = tiny_llm("ngram-simple", draft_max=3)
+    eng = llm.engine
+    eng._calibrated = True
+    eng.costs.observe = lambda *a: None
+    eng.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
+    asked = []
+    eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm.generate(list(range(5, 25)), params)
+    first, asked[:] = len(asked), []
+    llm.generate(list(range(30, 50)), params)
+    assert first >= 2 and len(asked) <= 1, (first, len(asked))
+
+
 def test_cost_model_scales_unmeasured_shapes_pessimistically():
     c = CostModel()
     c.observe(1, 1, 0.1)

@@ -118,6 +118,10 @@ def test_chain_controller_picks_the_drafter_that_pays_and_falls_back_to_none(mon
     by = out.stats["spec"]["by_drafter"]
     assert by["draft"]["accepted_tokens"] > 40 and by["draft"]["acceptance_rate"] == 1.0, by
     assert by.get("ngram-mod", {"steps": 0})["steps"] <= 6, by  # tried while its record was young
+    # the next request starts from each member's engine-wide record: the loser is not probed again
+    out = llm.generate(list(range(130, 160)), params)[0]
+    by = out.stats["spec"]["by_drafter"]
+    assert by["draft"]["accepted_tokens"] > 40 and by.get("ngram-mod", {"steps": 0})["steps"] == 0, by
     # drafting with the model now costs more than a target step, and verifying t tokens costs t steps
     # (no parallelism to exploit): nothing pays, plain decoding does best
     monkeypatch.setattr(draft_model, "draft_cost", lambda self, n=1: 1.5)
@@ -125,3 +129,24 @@ def test_chain_controller_picks_the_drafter_that_pays_and_falls_back_to_none(mon
     out = llm.generate(list(range(200, 230)), params)[0]
     by = out.stats["spec"]["by_drafter"]
     assert by.get("draft", {"steps": 0})["steps"] <= 3 and by.get("ngram-mod", {"steps": 0})["steps"] <= 3, by
+
+
+def test_a_chain_members_record_fades_while_another_member_drafts():
+    """Every member's record fades each step, chosen or not: a member that lost early in a long request
+    drifts back to its prior and is tried again (text changes character: prose, then a code block)."""
+    from types import SimpleNamespace
+
+    from specdecode.speculative.chain import ChainProposer
+    from specdecode.speculative.proposer import Proposer
+
+    chain = ChainProposer([Proposer(), Proposer()])
+    seq = SimpleNamespace(draft_state=None)
+    st = chain._st(seq)
+    st.choice = 0
+    for _ in range(8):
+        chain.observe(seq, 3, 3, 0)  # member 0: every draft rejected
+    low = st.acceptance[0].alphas(1)[0]
+    st.choice = 1
+    for _ in range(150):
+        chain.observe(seq, 3, 3, 3)  # member 1 drafts well for a long while
+    assert low < 0.3 and st.acceptance[0].alphas(1)[0] > 0.7

@@ -26,7 +26,7 @@ from ..runtime.timer import Timer
 from ..sampling import RandomStream
 from ..sampling_params import SamplingParams
 from ..speculative import make_proposer
-from ..speculative.controller import CostModel, best_rate, choose_batch_draft_length
+from ..speculative.controller import AcceptanceEstimate, CostModel, best_rate, choose_batch_draft_length
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache
@@ -103,6 +103,7 @@ class Engine:
         self.prefix_cache = PrefixCache(self.kv) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
         self.costs = CostModel()
+        self.acceptance = AcceptanceEstimate()  # the proposer's engine-wide record: each request's prior
         self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
                              cfg.kv_cache_dtype, backend)
         self.proposer = make_proposer(cfg.spec, self.target, draft)
@@ -122,7 +123,8 @@ class Engine:
         if not params.greedy:
             stream = RandomStream(params.seed if params.seed is not None else secrets.randbits(63))
         seq = Sequence(list(prompt_ids), params, StreamingDetokenizer(self.tokenizer),
-                       frozenset(self.tokenizer.eos_ids), random=stream, max_len=self.max_model_len)
+                       frozenset(self.tokenizer.eos_ids), random=stream, max_len=self.max_model_len,
+                       acceptance=AcceptanceEstimate(pool=self.acceptance))
         seq.stats.type = self.cfg.spec.spec_type
         self.waiting.append(seq)
         return seq
@@ -168,6 +170,7 @@ class Engine:
                 for seq, k, r in zip(ready, ks, results):
                     self.proposer.observe(seq, k, r.drafted, r.accepted)
                     outputs.append(StepOutput(seq, r.delta))
+                self.acceptance.decay()
         self._retire()
         return outputs
 
@@ -253,6 +256,7 @@ class Engine:
     def _retire(self) -> None:
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
+            self.acceptance.absorb(seq.acceptance)
             self.proposer.release(seq)
             if self.prefix_cache is not None:
                 if seq.finish_reason == "error":  # its KV may be half-written: never reuse it

@@ -2,7 +2,11 @@
 and per sequence, the draft comes from the member with the best expected tokens per unit of cost.
 
 Each member keeps its own per-request state (a ``_View`` gives it its own ``draft_state``) and its
-own acceptance record per request. Draftless members (n-gram kinds, suffix) cost microseconds, so
+own acceptance record per request, whose prior is the member's engine-wide record (``pools``, which
+a request's records join when it finishes): a new request starts from what each member recently
+achieved, not from the optimistic prior. Every record
+fades each step, the chosen member's or not, so a member that lost is tried again once its
+records have faded back. Draftless members (n-gram kinds, suffix) cost microseconds, so
 ``plan`` runs them first: one that finds a draft is a candidate valued on what it found (its record
 counts only steps where it drafted). Model members (a draft model, EAGLE, MTP) are valued on their
 record and measured cost without running them. The best candidate drafts if it beats plain decoding;
@@ -59,12 +63,13 @@ class ChainProposer(Proposer):
         self.reads_hidden = any(m.reads_hidden for m in members)
         self.capture_layers = tuple(sorted({i for m in members for i in m.capture_layers}))
         self._chosen: set[int] = set()
+        self.pools = [AcceptanceEstimate() for _ in self.members]  # each member's engine-wide record
 
     # -- per-sequence state -----------------------------------------------------------------------
     def _st(self, seq) -> _State:
         if seq.draft_state is None:
             n = len(self.members)
-            seq.draft_state = _State([None] * n, [AcceptanceEstimate() for _ in range(n)])
+            seq.draft_state = _State([None] * n, [AcceptanceEstimate(pool=p) for p in self.pools])
         return seq.draft_state
 
     def _view(self, seq, i: int) -> _View:
@@ -76,6 +81,8 @@ class ChainProposer(Proposer):
         per second of the best draft length up to k_max, that length); k = 0 is plain decoding."""
         n = len(seqs)
         self._chosen = set()
+        for p in self.pools:  # once per engine step
+            p.decay()
         for seq, room in zip(seqs, rooms):
             st = self._st(seq)
             st.choice, st.ready = None, {}
@@ -119,11 +126,11 @@ class ChainProposer(Proposer):
 
     def observe(self, seq, k: int, drafted: int, accepted: int) -> None:
         st = self._st(seq)
-        if st.choice is None or not drafted:
-            return
-        m = self.members[st.choice]
-        asked = drafted if m.draftless or not m.chain_drafts else max(k, drafted)
-        st.acceptance[st.choice].observe(asked, accepted)
+        for i, (m, est) in enumerate(zip(self.members, st.acceptance)):
+            if i == st.choice and drafted:
+                est.observe(drafted if m.draftless or not m.chain_drafts else max(k, drafted), accepted)
+            else:
+                est.decay()
 
     def drafted_by(self, seq) -> str:
         st = self._st(seq)
@@ -172,6 +179,8 @@ class ChainProposer(Proposer):
     def release(self, seq):
         if seq.draft_state is None:
             return
+        for pool, est in zip(self.pools, seq.draft_state.acceptance):
+            pool.absorb(est)
         for i, m in enumerate(self.members):
             m.release(self._view(seq, i))
         seq.draft_state = None

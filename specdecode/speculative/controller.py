@@ -7,7 +7,12 @@ measured cost of a target forward over t tokens. We pick k in [0, K] maximising 
 is plain decoding, chosen whenever drafting does not pay.
 
 Acceptance is estimated per request and per position from exponentially decayed counts with a
-prior: counts fade, so a request that stopped drafting drifts back to the prior and probes again."""
+prior: counts fade, so a request that stopped drafting drifts back to the prior and probes again.
+The prior is the drafter's engine-wide record (``pool``: the records of finished requests, fading per
+engine step), so a new request starts from what the drafter recently achieved on this workload
+instead of re-probing from the optimistic PRIOR_ALPHA; a pool that no finished request fed for a
+while fades back to PRIOR_ALPHA itself, so a drafter that stopped paying is tried again. A request's
+own record joins the pool only when it finishes, so no observation counts twice in one estimate."""
 from __future__ import annotations
 
 from bisect import bisect, insort
@@ -32,14 +37,20 @@ def ema(old: float | None, new: float) -> float:
 class AcceptanceEstimate:
     tries: list[float] = field(default_factory=list)
     hits: list[float] = field(default_factory=list)
+    pool: AcceptanceEstimate | None = None  # the drafter's engine-wide record: this estimate's prior
 
     def alphas(self, k: int) -> list[float]:
         """Estimated acceptance of positions 1..k, each given the earlier ones accepted. Position i's
         prior is position i-1's estimate (position 1's is PRIOR_ALPHA): deep positions are rarely
         tried when acceptance is low, and a fixed optimistic prior there would make long drafts look
-        worth a verify of k + 1 tokens that the first position's record already rules out."""
+        worth a verify of k + 1 tokens that the first position's record already rules out. With a
+        pool, position i's prior is the pool's estimate there, capped (from position 2 on) by this
+        record's estimate of position i-1 for the same reason."""
+        base = self.pool.alphas(k) if self.pool is not None else None
         out, prior = [], PRIOR_ALPHA
         for i in range(k):
+            if base is not None:
+                prior = base[i] if i == 0 else min(base[i], prior)
             t = self.tries[i] if i < len(self.tries) else 0.0
             h = self.hits[i] if i < len(self.hits) else 0.0
             prior = (h + prior * PRIOR_WEIGHT) / (t + PRIOR_WEIGHT)
@@ -49,15 +60,29 @@ class AcceptanceEstimate:
     def observe(self, asked: int, accepted: int) -> None:
         """One step that asked for ``asked`` draft positions (a position asked for but not drafted
         counts as drafted and rejected) of which the first ``accepted`` were accepted."""
-        self.tries = [x * DECAY for x in self.tries]
-        self.hits = [x * DECAY for x in self.hits]
-        while len(self.tries) < asked:
-            self.tries.append(0.0)
-            self.hits.append(0.0)
+        self.decay()
+        self._grow(asked)
         # position i is only "tried" if every earlier position was accepted
         for i in range(min(asked, accepted + 1)):
             self.tries[i] += 1
             self.hits[i] += i < accepted
+
+    def decay(self) -> None:
+        """One step's fading of the counts: they drift back to the prior."""
+        self.tries = [x * DECAY for x in self.tries]
+        self.hits = [x * DECAY for x in self.hits]
+
+    def absorb(self, other: AcceptanceEstimate) -> None:
+        """A finished request's record joins this (engine-wide) one."""
+        self._grow(len(other.tries))
+        for i, (t, h) in enumerate(zip(other.tries, other.hits)):
+            self.tries[i] += t
+            self.hits[i] += h
+
+    def _grow(self, n: int) -> None:
+        while len(self.tries) < n:
+            self.tries.append(0.0)
+            self.hits.append(0.0)
 
 
 class CostModel:
