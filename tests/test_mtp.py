@@ -223,6 +223,22 @@ def test_recomputed_hidden_matches_verify_and_leaves_cache(tmp_path):
     eng.abort(seq)
 
 
+def test_prompt_hidden_states_come_from_the_engines_prefill(tmp_path, monkeypatch):
+    """The heads read the prompt's hidden states from the target's own prefill: the proposer never runs
+    the target again over the prompt (it recomputes only what a prefix-cache hit skipped)."""
+    from specdecode.runtime.target import Target
+
+    plain, spec = mtp_llm(tmp_path, 0.0, True, draft_fixed=True, draft_max=4)
+    ref = plain.generate(PROMPTS[0], GREEDY)[0].token_ids
+
+    def no_recompute(*a, **kw):
+        raise AssertionError("the proposer re-ran the target over the prompt")
+
+    monkeypatch.setattr(Target, "hidden_states", no_recompute)
+    out = spec.generate(PROMPTS[0], GREEDY)[0]
+    assert out.token_ids == ref and out.stats["spec"]["acceptance_rate"] == 1.0
+
+
 def test_model_without_heads_is_a_clear_error(tmp_path):
     hf, src = hf_model("llama", dtype=torch.float64), tmp_path / "plain.gguf"
     write_gguf(hf, src)

@@ -13,9 +13,9 @@ State per sequence (``seq.draft_state``, a _State):
   h [r, H], hpos: target hidden states of positions hpos .. not fed yet (handed to ``commit`` after each
     verify: root + accepted rows).
 Chained entries lie past ``fed`` and are simply not counted: the next proposal overwrites those positions
-with real pairs, so every commit rolls them back. Hidden states the engine never handed over (the prompt,
-a prefix-cache hit) are recomputed from the target's own KV cache, which is read, never written
-(``Target.hidden_states``)."""
+with real pairs, so every commit rolls them back. The prompt's hidden states come from the target's own
+prefill (``prefill``); those the engine never handed over (a prefix-cache hit) are recomputed from the
+target's KV cache, which is read, never written (``Target.hidden_states``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -159,13 +159,19 @@ class MTPProposer(Proposer):
                 chained[b][m] += 1
         return [DraftTree.chain(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
 
+    def prefill(self, seq, start, end, hidden):
+        """Keeps the prompt's hidden states (positions start .. end - 1) from the target's prefill, so the
+        first proposal recomputes none of them through the target."""
+        self._collect(seq, hidden[0], start)
+
     def commit(self, seq, num_accepted, hidden):
         """Keeps the target hidden states of the rows the verify committed (positions len(tokens) - a - 2 ..
         len(tokens) - 2) for the next proposal; chained cache entries need no rollback (see the module doc)."""
-        if hidden is None:
-            return
-        h = hidden[0]  # [a + 1, H]
-        start = len(seq.tokens) - 1 - len(h)
+        if hidden is not None:
+            self._collect(seq, hidden[0], len(seq.tokens) - 1 - len(hidden[0]))  # [a + 1, H]
+
+    def _collect(self, seq, h: torch.Tensor, start: int) -> None:
+        """Target hidden states h [r, H] of positions start .. start + r - 1, not fed yet."""
         st = seq.draft_state = seq.draft_state or _State()
         if st.h is not None and st.hpos + len(st.h) == start:  # steps without a proposal: keep collecting
             h, start = torch.cat([st.h, h]), st.hpos
