@@ -33,9 +33,10 @@ build qwen2.5-coder-1.5b-instruct --quant int4 --data stdlib packages --seq-len 
     --distill 640 --general 640 --distill-tokens 256 --draft-vocab 8192 --head-intermediate 2048 --steps 720 \
     --batch-size 4 --lr 2e-3 --eval-every 120 --save-every 40 --store int8
 
-build qwen2.5-coder-0.5b-instruct --quant int4 --data stdlib packages --seq-len 512 --corpus-tokens 40000 \
-    --distill 240 --general 240 --distill-tokens 256 --draft-vocab 8192 --head-intermediate 2048 --steps 250 \
-    --batch-size 4 --lr 2e-3 --eval-every 50 --save-every 25 --store int8
+# 0.5B: the 1.5B's recipe; ~55 min on 2 Zen 4 cores (13 answering, 21 features, 20 training).
+build qwen2.5-coder-0.5b-instruct --quant int4 --data stdlib packages --seq-len 512 --corpus-tokens 60000 \
+    --distill 640 --general 640 --distill-tokens 256 --draft-vocab 8192 --head-intermediate 2048 --steps 720 \
+    --batch-size 4 --lr 2e-3 --eval-every 120 --save-every 40 --store int8
 
 mtp="$work/smollm2-mtp"
 until [ -f "$mtp/mtp.safetensors" ]; do

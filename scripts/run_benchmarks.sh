@@ -103,3 +103,17 @@ for v in full auto full auto; do
 done
 python scripts/eagle_interop_llamacpp.py --llama-bin "$LLAMA_BIN" --json-out out/r8_interop.json  # Qwen2: llama-server aborts
 python scripts/eagle_interop_llamacpp.py --llama-bin "$LLAMA_BIN" --model smollm2-135m-instruct --max-tokens 32
+# Round 9: each request's acceptance prior from its drafter's engine-wide record; EAGLE fed at prefill;
+# the bundled EAGLE-3 head of the 0.5B.
+specdecode bench -t $T --spec-types "auto,eagle3" --limit 5 --max-tokens 128 --json-out out/r9_greedy.json
+root=$PWD
+git worktree add -f /tmp/old_ctrl ce9cc76 2>/dev/null || true
+for r in 1 2; do  # the previous controller (a worktree at ce9cc76) and this one, alternated
+  (cd /tmp/old_ctrl && PYTHONPATH=/tmp/old_ctrl python3 -m specdecode.cli bench -t $T --spec-types auto \
+    --prompts "$root/../shared/datasets/spec_bench/question.jsonl" --category qa --limit 10 --max-tokens 128 \
+    --json-out "$root/out/r9_qa_before_$r.json")
+  specdecode bench -t $T --spec-types auto --category qa --limit 10 --max-tokens 128 --json-out out/r9_qa_after_$r.json
+done
+specdecode bench -t $T -m qwen2.5-coder-0.5b-instruct --spec-types "eagle3,auto" --limit 2 --max-tokens 128 \
+  --json-out out/r9_05b_head.json
+specdecode bench -t $T --spec-types auto --limit 3 --max-tokens 128 --temperature 0.7 --json-out out/r9_t07.json

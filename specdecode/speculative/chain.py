@@ -4,9 +4,9 @@ and per sequence, the draft comes from the member with the best expected tokens 
 Each member keeps its own per-request state (a ``_View`` gives it its own ``draft_state``) and its
 own acceptance record per request, whose prior is the member's engine-wide record (``pools``, which
 a request's records join when it finishes): a new request starts from what each member recently
-achieved, not from the optimistic prior. Every record
-fades each step, the chosen member's or not, so a member that lost is tried again once its
-records have faded back. Draftless members (n-gram kinds, suffix) cost microseconds, so
+achieved, not from the optimistic prior. Every record fades each step, the chosen member's or not,
+so a member that lost is tried again once its records have faded back. Draftless members (n-gram
+kinds, suffix) cost microseconds, so
 ``plan`` runs them first: one that finds a draft is a candidate valued on what it found (its record
 counts only steps where it drafted). Model members (a draft model, EAGLE, MTP) are valued on their
 record and measured cost without running them. The best candidate drafts if it beats plain decoding;
