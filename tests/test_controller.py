@@ -31,23 +31,31 @@ def test_batch_shares_one_draft_length():
     assert choose_batch_draft_length([[0.9], [0.9]], 0.0, v, 4) == 1
 
 
+def never_drafting_llm():
+    """A tiny engine whose n-gram drafter never finds a draft, on a fixed cost curve instead of timings
+    (a loaded machine would make measured ones anything); ``asked`` records each proposal's cap."""
+    from specdecode.speculative.tree import DraftTree
+    from tiny_models import tiny_llm
+
+    llm = tiny_llm("ngram-simple", draft_max=3)
+    eng = llm.engine
+    eng._calibrated = True
+    eng.costs.observe = lambda *a: None
+    eng.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
+    asked = []
+    eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
+    return llm, asked
+
+
 def test_positions_asked_but_not_drafted_count_as_misses():
     """An n-gram proposer with no match (or a draft stopped by --draft-p-min) returns fewer tokens
     than asked: those positions gained nothing (and cost padded rows in a batch), so the estimate
     falls as for a rejection, and the controller stops asking."""
     from specdecode import SamplingParams
     from specdecode.speculative.controller import PRIOR_ALPHA
-    from specdecode.speculative.tree import DraftTree
-    from tiny_models import tiny_llm
 
-    llm = tiny_llm("ngram-simple", draft_max=3)
+    llm, asked = never_drafting_llm()
     eng = llm.engine
-    # a fixed cost curve instead of timings (a loaded machine would make measured ones anything)
-    eng._calibrated = True
-    eng.costs.observe = lambda *a: None
-    eng.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
-    asked = []
-    eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
     seq = eng.add_request(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
     while not seq.finished:
         eng.step()
@@ -93,16 +101,8 @@ def test_a_new_request_starts_from_the_drafters_engine_wide_record():
 def test_the_next_request_does_not_reprobe_a_drafter_that_lost():
     """Engine level: a drafter that never finds a draft is probed by the first request only."""
     from specdecode import SamplingParams
-    from specdecode.speculative.tree import DraftTree
-    from tiny_models import tiny_llm
 
-    llm = tiny_llm("ngram-simple", draft_max=3)
-    eng = llm.engine
-    eng._calibrated = True
-    eng.costs.observe = lambda *a: None
-    eng.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
-    asked = []
-    eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
+    llm, asked = never_drafting_llm()
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm.generate(list(range(5, 25)), params)
     first, asked[:] = len(asked), []
