@@ -455,6 +455,7 @@ def test_general_prompts_are_distinct_seeded_and_not_spec_bench():
     # and for k+1 rows, which flips SmolLM2's near-ties between plain and speculative decoding alike
     ("smollm2-135m-instruct", "none"),
     ("qwen2.5-coder-1.5b-instruct", "auto"),  # the int4 target as it runs by default
+    ("qwen2.5-coder-0.5b-instruct", "auto"),
 ])
 def test_bundled_head_runs_by_model_name(model, quant):
     """`--spec-type eagle3` with nothing but the model's name: the bundled head loads, drafts
@@ -560,8 +561,8 @@ def test_package_corpus_keeps_permissive_licences_only():
 
 
 # the models with a bundled EAGLE-3 head, and their layer counts (their GGUFs are not needed to check
-# the heads); Qwen2.5-Coder-0.5B has none yet
-BUNDLED = {"smollm2-135m-instruct": 30, "qwen2.5-coder-1.5b-instruct": 28}
+# the heads)
+BUNDLED = {"smollm2-135m-instruct": 30, "qwen2.5-coder-1.5b-instruct": 28, "qwen2.5-coder-0.5b-instruct": 24}
 
 
 @pytest.mark.parametrize("model", sorted(BUNDLED))
