@@ -42,7 +42,9 @@ def main(path: str) -> None:
         cells = []
         for col in COLUMNS:
             s, n, steps, accepted = cols[col]
-            if cfg == "none":
+            if not n:  # a category this run did not select
+                cells.append("-")
+            elif cfg == "none":
                 cells.append(f"{n / s:.1f} tok/s")
             else:
                 base_s, base_n = acc["none"][col][:2]
