@@ -31,13 +31,13 @@ def test_batch_shares_one_draft_length():
     assert choose_batch_draft_length([[0.9], [0.9]], 0.0, v, 4) == 1
 
 
-def never_drafting_llm():
-    """A tiny engine whose n-gram drafter never finds a draft, on a fixed cost curve instead of timings
-    (a loaded machine would make measured ones anything); ``asked`` records each proposal's cap."""
+def never_drafting_llm(spec_type: str = "ngram-simple"):
+    """A tiny engine whose drafter never drafts, on a fixed cost curve instead of timings (a loaded
+    machine would make measured ones anything); ``asked`` records each proposal's cap."""
     from specdecode.speculative.tree import DraftTree
     from tiny_models import tiny_llm
 
-    llm = tiny_llm("ngram-simple", draft_max=3)
+    llm = tiny_llm(spec_type, draft_max=3, **({"draft_seed": 0} if spec_type == "draft" else {}))
     eng = llm.engine
     eng._calibrated = True
     eng.costs.observe = lambda *a: None
@@ -99,15 +99,28 @@ def test_a_new_request_starts_from_the_drafters_engine_wide_record():
 
 
 def test_the_next_request_does_not_reprobe_a_drafter_that_lost():
-    """Engine level: a drafter that never finds a draft is probed by the first request only."""
+    """Engine level: a model drafter whose drafts never come is probed by the first request only."""
     from specdecode import SamplingParams
 
-    llm, asked = never_drafting_llm()
+    llm, asked = never_drafting_llm("draft")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm.generate(list(range(5, 25)), params)
     first, asked[:] = len(asked), []
     llm.generate(list(range(30, 50)), params)
     assert first >= 2 and len(asked) <= 1, (first, len(asked))
+
+
+def test_a_draftless_drafter_keeps_the_optimistic_prior_across_requests():
+    """Whether an n-gram or suffix match is right depends on the request (one repeating an earlier
+    answer, or fresh text), so a draftless drafter's record does not carry over: each request tries it."""
+    from specdecode import SamplingParams
+
+    llm, asked = never_drafting_llm("ngram-simple")
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm.generate(list(range(5, 25)), params)
+    first, asked[:] = len(asked), []
+    llm.generate(list(range(30, 50)), params)
+    assert llm.engine.acceptance is None and len(asked) == first >= 2
 
 
 def test_cost_model_scales_unmeasured_shapes_pessimistically():

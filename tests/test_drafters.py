@@ -118,7 +118,8 @@ def test_chain_controller_picks_the_drafter_that_pays_and_falls_back_to_none(mon
     by = out.stats["spec"]["by_drafter"]
     assert by["draft"]["accepted_tokens"] > 40 and by["draft"]["acceptance_rate"] == 1.0, by
     assert by.get("ngram-mod", {"steps": 0})["steps"] <= 6, by  # tried while its record was young
-    # the next request starts from each member's engine-wide record: the loser is not probed again
+    # the next request starts from the draft model's engine-wide record: it drafts from the first step,
+    # and the loser is not tried before it
     out = llm.generate(list(range(130, 160)), params)[0]
     by = out.stats["spec"]["by_drafter"]
     assert by["draft"]["accepted_tokens"] > 40 and by.get("ngram-mod", {"steps": 0})["steps"] == 0, by

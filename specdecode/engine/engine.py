@@ -103,10 +103,11 @@ class Engine:
         self.prefix_cache = PrefixCache(self.kv) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
         self.costs = CostModel()
-        self.acceptance = AcceptanceEstimate()  # the proposer's engine-wide record: each request's prior
         self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
                              cfg.kv_cache_dtype, backend)
         self.proposer = make_proposer(cfg.spec, self.target, draft)
+        # a model drafter's engine-wide record, each request's prior (controller.py; None: draftless)
+        self.acceptance = None if self.proposer.draftless else AcceptanceEstimate()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._calibrated = False
@@ -170,7 +171,8 @@ class Engine:
                 for seq, k, r in zip(ready, ks, results):
                     self.proposer.observe(seq, k, r.drafted, r.accepted)
                     outputs.append(StepOutput(seq, r.delta))
-                self.acceptance.decay()
+                if self.acceptance is not None:
+                    self.acceptance.decay()
         self._retire()
         return outputs
 
@@ -256,7 +258,8 @@ class Engine:
     def _retire(self) -> None:
         for seq in [s for s in self.running if s.finished]:
             self.running.remove(seq)
-            self.acceptance.absorb(seq.acceptance)
+            if self.acceptance is not None:
+                self.acceptance.absorb(seq.acceptance)
             self.proposer.release(seq)
             if self.prefix_cache is not None:
                 if seq.finish_reason == "error":  # its KV may be half-written: never reuse it

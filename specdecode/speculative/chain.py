@@ -2,11 +2,11 @@
 and per sequence, the draft comes from the member with the best expected tokens per unit of cost.
 
 Each member keeps its own per-request state (a ``_View`` gives it its own ``draft_state``) and its
-own acceptance record per request, whose prior is the member's engine-wide record (``pools``, which
-a request's records join when it finishes): a new request starts from what each member recently
-achieved, not from the optimistic prior. Every record fades each step, the chosen member's or not,
-so a member that lost is tried again once its records have faded back. Draftless members (n-gram
-kinds, suffix) cost microseconds, so
+own acceptance record per request. A model member's prior is its engine-wide record (``pools``,
+which a request's records join when it finishes; see controller.py): a new request starts from what
+it recently achieved, not from the optimistic prior. Every record fades each step, the chosen
+member's or not, so a member that lost is tried again once its records have faded back. Draftless
+members (n-gram kinds, suffix) cost microseconds, so
 ``plan`` runs them first: one that finds a draft is a candidate valued on what it found (its record
 counts only steps where it drafted). Model members (a draft model, EAGLE, MTP) are valued on their
 record and measured cost without running them. The best candidate drafts if it beats plain decoding;
@@ -63,7 +63,8 @@ class ChainProposer(Proposer):
         self.reads_hidden = any(m.reads_hidden for m in members)
         self.capture_layers = tuple(sorted({i for m in members for i in m.capture_layers}))
         self._chosen: set[int] = set()
-        self.pools = [AcceptanceEstimate() for _ in self.members]  # each member's engine-wide record
+        # each model member's engine-wide record (None: a draftless member keeps the fixed prior)
+        self.pools = [None if m.draftless else AcceptanceEstimate() for m in self.members]
 
     # -- per-sequence state -----------------------------------------------------------------------
     def _st(self, seq) -> _State:
@@ -82,7 +83,8 @@ class ChainProposer(Proposer):
         n = len(seqs)
         self._chosen = set()
         for p in self.pools:  # once per engine step
-            p.decay()
+            if p is not None:
+                p.decay()
         for seq, room in zip(seqs, rooms):
             st = self._st(seq)
             st.choice, st.ready = None, {}
@@ -180,7 +182,8 @@ class ChainProposer(Proposer):
         if seq.draft_state is None:
             return
         for pool, est in zip(self.pools, seq.draft_state.acceptance):
-            pool.absorb(est)
+            if pool is not None:
+                pool.absorb(est)
         for i, m in enumerate(self.members):
             m.release(self._view(seq, i))
         seq.draft_state = None

@@ -8,11 +8,14 @@ is plain decoding, chosen whenever drafting does not pay.
 
 Acceptance is estimated per request and per position from exponentially decayed counts with a
 prior: counts fade, so a request that stopped drafting drifts back to the prior and probes again.
-The prior is the drafter's engine-wide record (``pool``: the records of finished requests, fading per
-engine step), so a new request starts from what the drafter recently achieved on this workload
-instead of re-probing from the optimistic PRIOR_ALPHA; a pool that no finished request fed for a
-while fades back to PRIOR_ALPHA itself, so a drafter that stopped paying is tried again. A request's
-own record joins the pool only when it finishes, so no observation counts twice in one estimate."""
+For a model drafter (a draft model, EAGLE, MTP) the prior is its engine-wide record (``pool``: the
+records of finished requests, fading per engine step): its acceptance follows the kind of text, which
+a workload keeps from request to request, so a new request starts from what the drafter recently
+achieved instead of re-probing from the optimistic PRIOR_ALPHA; a pool that no finished request fed
+for a while fades back to PRIOR_ALPHA itself, so a drafter that stopped paying is tried again. A
+request's own record joins the pool only when it finishes, so no observation counts twice in one
+estimate. Draftless drafters (n-gram kinds, suffix) keep PRIOR_ALPHA: whether their matches are right
+depends on the request (one repeating an earlier answer, or fresh text), not on the workload."""
 from __future__ import annotations
 
 from bisect import bisect, insort
