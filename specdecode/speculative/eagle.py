@@ -1,20 +1,21 @@
 """EAGLE proposer (``--spec-type eagle3`` / ``eagle``): a draft head on the target's hidden states,
 growing a token tree EAGLE-2 style with SGLang's knobs.
 
-Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's entry for position base + i
-(entry j = target features at j + embedding of token j+1; see models/eagle.py), ``fed`` committed
-entries, the head's output at the newest of them (``last``: it drafts depth 1), and pending target
-features (handed to ``commit`` after each verify) not fed yet. The prompt's entries are fed during
-the target's prefill (time to first token, as a draft model's prefill), so a first proposal never
-feeds a whole prompt mid-decode. A proposal feeds the pending entries (one verify's worth, or more
-after steps in which a chain chose another drafter), then grows the tree: depth 1 = the top-k tokens of the last entry; each
-later step feeds the k best frontier nodes (by path log-probability) as entries that see the
-committed prefix and their own ancestors (tree mask), and scores their top-k children; finally the
-best ``num_draft_tokens - 1`` nodes overall are kept (parents score at least as high as their
-children, so the set is closed under ancestors). Draft entries are written past ``fed`` and never
-committed: the next commit drops them, and the accepted tokens re-enter with the target's own
-features. Tokens are chosen deterministically (top-k), so the tree carries no draft distributions and
-the shared accept() is exact at any temperature (a deterministic draft is the one-hot q)."""
+Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's
+entry for position base + i (entry j = target features at j + embedding of token j+1; see
+models/eagle.py), ``fed`` committed entries, the head's output at the newest of them (``last``: it
+drafts depth 1), and pending target features (handed to ``commit`` after each verify) not fed yet. The
+prompt's entries are fed during the target's prefill (time to first token, as a draft model's prefill),
+so a first proposal never feeds a whole prompt mid-decode. A proposal feeds the pending entries (one
+verify's worth, or more after steps in which a chain chose another drafter), then grows the tree: depth
+1 = the top-k tokens of the last entry; each later step feeds the k best frontier nodes (by path
+log-probability) as entries that see the committed prefix and their own ancestors (tree mask), and
+scores their top-k children; finally the best ``num_draft_tokens - 1`` nodes overall are kept (parents
+score at least as high as their children, so the set is closed under ancestors). Draft entries are
+written past ``fed`` and never committed: the next commit drops them, and the accepted tokens re-enter
+with the target's own features. Tokens are chosen deterministically (top-k), so the tree carries no
+draft distributions and the shared accept() is exact at any temperature (a deterministic draft is the
+one-hot q)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
