@@ -117,3 +117,6 @@ done
 specdecode bench -t $T -m qwen2.5-coder-0.5b-instruct --spec-types "eagle3,auto" --limit 2 --max-tokens 128 \
   --json-out out/r9_05b_head.json
 specdecode bench -t $T --spec-types auto --limit 3 --max-tokens 128 --temperature 0.7 --json-out out/r9_t07.json
+for m in qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct; do  # each head in and out of its training distribution
+  python scripts/head_acceptance.py --model $m --n 12 | tee -a out/r9_head_acc.jsonl
+done
