@@ -1,17 +1,16 @@
 """Several drafters behind one proposer (``--spec-type suffix,ngram-mod,draft``, and ``auto``): per step
 and per sequence, the draft comes from the member with the best expected tokens per unit of cost.
 
-Each member keeps its own per-request state (a ``_View`` gives it its own ``draft_state``) and its
-own acceptance record per request. A model member's prior is its engine-wide record (``pools``,
-which a request's records join when it finishes; see controller.py): a new request starts from what
-it recently achieved, not from the optimistic prior. Every record fades each step, the chosen
-member's or not, so a member that lost is tried again once its records have faded back. Draftless
-members (n-gram kinds, suffix) cost microseconds, so
-``plan`` runs them first: one that finds a draft is a candidate valued on what it found (its record
-counts only steps where it drafted). Model members (a draft model, EAGLE, MTP) are valued on their
-record and measured cost without running them. The best candidate drafts if it beats plain decoding;
-otherwise the sequence decodes plainly this step. Every member sees every prefill, commit and
-release, so whichever is chosen next has its state up to date."""
+Each member keeps its own per-request state (a ``_View`` gives it its own ``draft_state``) and its own
+acceptance record per request. A model member's prior is its engine-wide record (``pools``, which a
+request's records join when it finishes; see controller.py): a new request starts from what it recently
+achieved, not from the optimistic prior. Every record fades each step, the chosen member's or not, so a
+member that lost is tried again once its records have faded back. Draftless members (n-gram kinds,
+suffix) cost microseconds, so ``plan`` runs them first: one that finds a draft is a candidate valued on
+what it found (its record counts only steps where it drafted). Model members (a draft model, EAGLE, MTP)
+are valued on their record and measured cost without running them. The best candidate drafts if it beats
+plain decoding; otherwise the sequence decodes plainly this step. Every member sees every prefill,
+commit and release, so whichever is chosen next has its state up to date."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
