@@ -62,6 +62,23 @@ def test_kernel_equals_its_exact_arithmetic(kernel, group_size):
         assert ((y.double() - ref).abs() <= 2 ** -18 * scale_of + 1e-12).all()
 
 
+
+@pytest.mark.parametrize("group_size", [32, 64])
+def test_extreme_codes_and_activations_do_not_overflow(kernel, group_size):
+    # Every code 15 against activations all at +-127 after quantization: the largest partial sums the
+    # kernels form in narrow integers (the AVX2 body sums 8 maddubs pairs in int16: 8 * 2 * 15 * 127
+    # = 30480, just below 32767). Rows 1 to 10 cover every row block of both bodies.
+    n, k = 32, 256
+    codes = torch.full((n, k), 15, dtype=torch.uint8)
+    scale, zero = torch.ones(n, k // group_size), torch.zeros(n, k // group_size)
+    packed, qp = pack_int4(codes, group_size), torch.stack([tiles(scale), tiles(zero)])
+    for rows in range(1, 11):
+        x = torch.ones(rows, k)
+        x[1::2] = -1  # odd rows at -127
+        y = kernel.int4_gemm(x, packed, qp, n, group_size)
+        expected = torch.where(x[:, :1] > 0, 7.0 * k, -7.0 * k).expand(rows, n)  # (15 - 8) * sum(x)
+        assert torch.equal(y, expected), rows
+
 def test_int8_kernel_equals_its_exact_arithmetic(kernel):
     """y = wscale * sum_g sx_g * (q . xq)_g with the int8 activations of the int4 kernel (groups of 32)."""
     torch.manual_seed(2)

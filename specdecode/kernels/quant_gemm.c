@@ -181,54 +181,72 @@ static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax
     *qsum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
 }
 
-/* u8 x s8 dot products of 4-byte lanes, added to acc: AVX2 has no vpdpbusd. maddubs cannot
- * saturate here: 2 * 15 * 127 < 32767. */
-static inline __m256i dot4(__m256i acc, __m256i u, __m256i v) {
-    const __m256i pairs = _mm256_maddubs_epi16(u, v);
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
-
-static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t, const int8_t *xq,
-    const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
-    const int G = K / gs, C = gs / 8;
-    const __m256i low = _mm256_set1_epi8(0x0F);
-    __m256 acc[MAX_ROWS][2];
-    for (int i = 0; i < RB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int g = 0; g < G; g++) {
-        const size_t tg = (size_t)t * G + g;
-        const uint8_t *wg = w + tg * (size_t)(C * 64);
-        const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
-        for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
-        __m256i dot[MAX_ROWS][2];
-        for (int i = 0; i < RB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
-        for (int j = 0; j < C; j++) {
-            for (int h = 0; h < 2; h++) { /* lanes 0-7, then 8-15 */
-                const __m256i b = _mm256_loadu_si256((const __m256i *)(wg + (size_t)j * 64 + 32 * h));
+/* Group g's int32 dot products, for activation rows i < RB and the tile's output lanes 8 (h0 + hh) ..
+ * 8 (h0 + hh) + 7 (hh < NH), into dot[i][hh]. AVX2 has no vpdpbusd: maddubs multiplies the codes by 2
+ * activation bytes and adds the pairs in int16, and up to 8 such products are summed in int16 before
+ * one widening madd (exact: |pair| <= 2 * 15 * 127 and 8 * 3810 < 32767), which halves the multiply
+ * port's work against widening each one. */
+static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, const int8_t *xg, int K, int C,
+                                                            const int RB, int h0, const int NH, __m256i dot[][2]) {
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    for (int i = 0; i < RB; i++)
+        for (int hh = 0; hh < NH; hh++) dot[i][hh] = _mm256_setzero_si256();
+    for (int j0 = 0; j0 < C; j0 += 4) {
+        __m256i p16[MAX_ROWS][2];
+        for (int i = 0; i < RB; i++)
+            for (int hh = 0; hh < NH; hh++) p16[i][hh] = _mm256_setzero_si256();
+        for (int j = j0; j < j0 + 4 && j < C; j++) {
+            for (int hh = 0; hh < NH; hh++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(wg + (size_t)j * 64 + 32 * (h0 + hh)));
                 const __m256i lo = _mm256_and_si256(b, low);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
                 for (int i = 0; i < RB; i++) {
                     const int8_t *xp = xg + (size_t)i * K + 8 * j;
-                    dot[i][h] = dot4(dot[i][h], lo, _mm256_set1_epi32(*(const int32_t *)xp));
-                    dot[i][h] = dot4(dot[i][h], hi, _mm256_set1_epi32(*(const int32_t *)(xp + 4)));
+                    p16[i][hh] = _mm256_add_epi16(p16[i][hh], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*(const int32_t *)xp)));
+                    p16[i][hh] = _mm256_add_epi16(p16[i][hh], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*(const int32_t *)(xp + 4))));
                 }
             }
         }
-        for (int h = 0; h < 2; h++) {
-            const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + tg * TILE + 8 * h)));
-            const __m256 zv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(z + tg * TILE + 8 * h)));
-            const __m256 mv = _mm256_fmadd_ps(_mm256_set1_ps(-8.f), sv, zv);
-            for (int i = 0; i < RB; i++) {
-                const size_t rg = (size_t)(r0 + i) * G + g;
-                const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_set1_ps(sx[rg]));
-                acc[i][h] = _mm256_fmadd_ps(f, sv, acc[i][h]);
-                acc[i][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[rg]), acc[i][h]);
+        for (int i = 0; i < RB; i++)
+            for (int hh = 0; hh < NH; hh++) dot[i][hh] = _mm256_add_epi32(dot[i][hh], _mm256_madd_epi16(p16[i][hh], ones));
+    }
+}
+
+/* Rows [r0, r0 + RB) against tile t. Up to 3 rows take both 8-lane halves of the tile in one pass
+ * (more independent dependency chains per loaded weight); more rows take one half per pass, so that
+ * up to 8 rows' accumulators and partial sums stay in the 16 registers (both halves at once spill
+ * from 4 rows on). The second half's weights are then read again from L1/L2 (a tile is 8 x K bytes). */
+static inline __attribute__((always_inline)) void tile_rows(
+    const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t, const int8_t *xq,
+    const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
+    const int G = K / gs, C = gs / 8, NH = RB <= 3 ? 2 : 1;
+    for (int h0 = 0; h0 < 2; h0 += NH) {
+        __m256 acc[MAX_ROWS][2];
+        for (int i = 0; i < RB; i++)
+            for (int hh = 0; hh < NH; hh++) acc[i][hh] = _mm256_setzero_ps();
+        for (int g = 0; g < G; g++) {
+            const size_t tg = (size_t)t * G + g;
+            const uint8_t *wg = w + tg * (size_t)(C * 64);
+            if (h0 == 0)
+                for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
+            __m256i dot[MAX_ROWS][2];
+            group_dots(wg, xq + (size_t)r0 * K + (size_t)g * gs, K, C, RB, h0, NH, dot);
+            for (int hh = 0; hh < NH; hh++) {
+                const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + tg * TILE + 8 * (h0 + hh))));
+                const __m256 zv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(z + tg * TILE + 8 * (h0 + hh))));
+                const __m256 mv = _mm256_fmadd_ps(_mm256_set1_ps(-8.f), sv, zv);
+                for (int i = 0; i < RB; i++) {
+                    const size_t rg = (size_t)(r0 + i) * G + g;
+                    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[i][hh]), _mm256_set1_ps(sx[rg]));
+                    acc[i][hh] = _mm256_fmadd_ps(f, sv, acc[i][hh]);
+                    acc[i][hh] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[rg]), acc[i][hh]);
+                }
             }
         }
+        for (int i = 0; i < RB; i++)
+            for (int hh = 0; hh < NH; hh++)
+                _mm256_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE + 8 * (h0 + hh), acc[i][hh]);
     }
-    for (int i = 0; i < RB; i++)
-        for (int h = 0; h < 2; h++)
-            _mm256_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE + 8 * h, acc[i][h]);
 }
 
 /* int8, AVX2: as the AVX512 body, 8 lanes at a time. */
