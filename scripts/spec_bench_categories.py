@@ -5,7 +5,7 @@
 MT-bench's eight sub-categories form "multi-turn"; its "coding" sub-category is also shown on its
 own. Per category and over all: the speed-up of decode tok/s over none on the same prompts (total
 decode time of none / of the configuration, per generated token), tau, and how many outputs equal
-none's token for token. Prints a Markdown table."""
+none's token for token (counted per turn: MT-bench's prompts have two). Prints a Markdown table."""
 from __future__ import annotations
 
 import collections
@@ -25,7 +25,8 @@ def main(path: str) -> None:
     recs = json.load(open(path))["records"]
     # config -> column -> [decode seconds, decoded tokens, steps, accepted tokens]
     acc = collections.defaultdict(lambda: collections.defaultdict(lambda: [0.0, 0, 0, 0]))
-    plain = {r["prompt_id"]: r["token_ids"] for r in recs if r["config"] == "none"}
+    key = lambda r: (r["prompt_id"], r.get("turn", 0))  # one record per turn of a prompt
+    plain = {key(r): r["token_ids"] for r in recs if r["config"] == "none"}
     same, total = collections.Counter(), collections.Counter()
     for r in recs:
         for col in groups(r["category"]):
@@ -35,7 +36,7 @@ def main(path: str) -> None:
             a[2] += r["spec"]["steps"]
             a[3] += r["spec"]["accepted_tokens"]
         total[r["config"]] += 1
-        same[r["config"]] += r["token_ids"] == plain[r["prompt_id"]]
+        same[r["config"]] += r["token_ids"] == plain[key(r)]
     print("| config | " + " | ".join(COLUMNS) + " | outputs = none |")
     print("|---|" + "---:|" * len(COLUMNS) + "---:|")
     for cfg, cols in acc.items():

@@ -37,3 +37,62 @@ def test_summary_speedup_and_tau_per_category():
     assert s["coding"]["ngram"]["acceptance_rate"] == 0.5
     assert s["writing"]["ngram"]["speedup"] == 0.8 and s["writing"]["ngram"]["tau"] == 1.0
     assert s["all"]["ngram"]["speedup"] == round((150 / 11.25) / (150 / 15.0), 3)
+
+
+def test_prompt_files_keep_every_turn(tmp_path):
+    from specdecode.bench.prompts import load_prompts
+    from specdecode.errors import SpecDecodeError
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"question_id": 7, "category": "coding", "turns": ["Write f.", "Now make it faster."]}\n'
+                 '{"prompt": "Hi"}\n')
+    two, one = load_prompts(f)
+    assert two.turns == ("Write f.", "Now make it faster.") and two.text == "Write f."
+    assert one.turns == ("Hi",) and one.category == "default"
+    f.write_text('{"turns": []}\n')
+    with pytest.raises(SpecDecodeError):
+        load_prompts(f)
+
+
+def test_multi_turn_prompts_run_as_conversations():
+    # Spec-Bench runs MT-bench's second turn after the model's own first answer: one record per turn,
+    # the second turn's prompt holding the first answer, and a lossless drafter's conversation equal
+    # to none's turn by turn.
+    from server_helpers import ChatCharTokenizer
+    from tiny_models import tiny_llm
+
+    from specdecode.bench.prompts import Prompt
+    from specdecode.bench.run import bench_llms
+    from specdecode.sampling_params import SamplingParams
+
+    llms = {}
+    for spec in ("none", "ngram"):
+        llm = tiny_llm(spec)
+        llm.engine.tokenizer = llm.tokenizer = ChatCharTokenizer(llm.tokenizer.vocab_size)
+        llms[spec] = llm
+    prompts = [Prompt("1", "coding", ("abcabcabc", "again: abcabc")), Prompt("2", "qa", ("xyzxyz",))]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    recs = bench_llms(llms, prompts, params, progress=False)
+    assert [(r["prompt_id"], r["turn"], r["config"]) for r in recs] == [
+        ("1", 0, "none"), ("1", 1, "none"), ("1", 0, "ngram"), ("1", 1, "ngram"), ("2", 0, "none"), ("2", 0, "ngram")]
+    by = {(r["prompt_id"], r["turn"], r["config"]): r for r in recs}
+    none = llms["none"]
+    answer = none.tokenizer.decode(by[("1", 0, "none")]["token_ids"])
+    second = none.encode_chat([{"role": "user", "content": "abcabcabc"}, {"role": "assistant", "content": answer},
+                               {"role": "user", "content": "again: abcabc"}])
+    assert by[("1", 1, "none")]["prompt_tokens"] == len(second)
+    assert by[("1", 1, "none")]["token_ids"] == none.generate(second, params)[0].token_ids
+    for (pid, turn, cfg), r in by.items():
+        assert r["token_ids"] == by[(pid, turn, "none")]["token_ids"]
+    assert [r["turn"] for r in bench_llms(llms, prompts[:1], params, progress=False, turns=1)] == [0, 0]
+
+
+def test_turns_flag():
+    import argparse
+
+    from specdecode.bench.cli import _turns
+
+    assert _turns("all") is None and _turns("2") == 2
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _turns(bad)

@@ -18,12 +18,24 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL: Spec-Bench format or {'prompt': ...}")
     b.add_argument("--category", action="append", help="keep these categories (repeatable; mt_bench = MT-bench's 8)")
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each category")
+    b.add_argument("--turns", type=_turns, default=None, metavar="N|all",
+                   help="user turns per prompt: all (default; MT-bench's two, run as a conversation, as "
+                        "Spec-Bench does) or the first N")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json-out")
     b.add_argument("--plot")
     b.set_defaults(func=cmd_bench)
+
+
+def _turns(text: str) -> int | None:
+    """--turns: 'all' -> None, else a positive count."""
+    if text == "all":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected 'all' or a positive number of turns, got {text!r}")
+    return int(text)
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -35,12 +47,13 @@ def cmd_bench(a: argparse.Namespace) -> int:
     prompts = load_prompts(a.prompts, a.category, a.limit)
     specs = parse_configs(a.spec_types, spec_config(a))
     meta = {"argv": sys.argv, "model": a.model, "spec_types": a.spec_types, "temperature": a.temperature,
-            "max_tokens": a.max_tokens, "prompts": a.prompts, "n_prompts": len(prompts)}
+            "max_tokens": a.max_tokens, "prompts": a.prompts, "n_prompts": len(prompts), "turns": a.turns or "all"}
 
     def save(records: list[dict]) -> None:  # after every prompt: an interrupted run keeps what it measured
         if a.json_out:
             write_json(a.json_out, meta, records, summarize(records))
-    records = run_bench(engine_config(a), specs, prompts, params, progress=sys.stderr.isatty(), on_prompt=save)
+    records = run_bench(engine_config(a), specs, prompts, params, progress=sys.stderr.isatty(), on_prompt=save,
+                        turns=a.turns)
     summary = summarize(records)
     print(format_table(summary))
     save(records)

@@ -1,5 +1,6 @@
 """Prompt sets for ``specdecode bench``: JSONL with Spec-Bench's format
-({"question_id", "category", "turns": [first user turn, ...]}); only the first turn is used."""
+({"question_id", "category", "turns": [user turn, ...]}) or {"prompt": ...} (one turn). MT-bench's
+questions have two turns; ``bench`` runs them as Spec-Bench does (bench/run.py)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,12 @@ MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", 
 class Prompt:
     id: str
     category: str
-    text: str
+    turns: tuple[str, ...]  # the user's turns, in order (at least one)
+
+    @property
+    def text(self) -> str:
+        """The first user turn (what a single-turn caller sends)."""
+        return self.turns[0]
 
 
 def load_prompts(path: str | Path, categories: list[str] | None = None, limit: int | None = None) -> list[Prompt]:
@@ -42,7 +48,9 @@ def load_prompts(path: str | Path, categories: list[str] | None = None, limit: i
             continue
         try:
             row = json.loads(line)
-            text = row["turns"][0] if "turns" in row else row["prompt"]
+            turns = tuple(row["turns"]) if "turns" in row else (row["prompt"],)
+            if not turns or not all(isinstance(t, str) for t in turns):
+                raise TypeError
         except (json.JSONDecodeError, KeyError, IndexError, TypeError):
             raise SpecDecodeError(f"{path}:{n}: expected a JSON object with 'turns' or 'prompt'") from None
         cat = row.get("category", "default")
@@ -51,7 +59,7 @@ def load_prompts(path: str | Path, categories: list[str] | None = None, limit: i
         if limit is not None and seen.get(cat, 0) >= limit:
             continue
         seen[cat] = seen.get(cat, 0) + 1
-        out.append(Prompt(str(row.get("question_id", n)), cat, text))
+        out.append(Prompt(str(row.get("question_id", n)), cat, turns))
     if not out:
         raise SpecDecodeError(f"no prompts selected from {path} (categories: {categories})")
     return out

@@ -2,7 +2,12 @@
 
 The target (and any draft model) is loaded once and shared; for every prompt all configurations run
 back to back, so slow drifts of a shared machine hit them alike. Speed-ups are ratios measured in
-the same run on the same prompts."""
+the same run on the same prompts.
+
+A prompt with several user turns (MT-bench's) runs as a conversation, as Spec-Bench's evaluation runs
+it: each turn's prompt is the conversation so far, the configuration's own earlier answers included,
+and each turn is one record. Lossless decoding makes every configuration's conversation the same as
+none's (a record whose tokens differ from none's says otherwise)."""
 from __future__ import annotations
 
 import re
@@ -61,11 +66,14 @@ def config_label(spec: SpecConfig) -> str:
 
 def run_bench(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]], prompts: list[Prompt],
               params: SamplingParams, progress: bool = True, warmup: bool = True,
-              on_prompt: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """Records, one per (prompt, configuration). ``specs``: (label, configuration) pairs, as
-    ``parse_configs`` gives; ``on_prompt(records so far)`` is called after each prompt."""
-    from tqdm import tqdm
+              on_prompt: Callable[[list[dict]], None] | None = None, turns: int | None = None) -> list[dict]:
+    """Records, one per (prompt, turn, configuration). ``specs``: (label, configuration) pairs, as
+    ``parse_configs`` gives; the rest as bench_llms."""
+    return bench_llms(build_llms(engine_cfg, specs), prompts, params, progress, warmup, on_prompt, turns)
 
+
+def build_llms(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]]) -> dict[str, LLM]:
+    """{label: LLM}, "none" first, all sharing one target model (and one draft model per name)."""
     from ..loader import load_checkpoint, weight_quant
     from ..store import resolve_model
 
@@ -84,23 +92,42 @@ def run_bench(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]], pro
                                               base.engine.device, weight_quant(spec.quant_draft, base.engine.device))
             draft = drafts[key]
         llms[label] = LLM(engine_config=replace(engine_cfg, spec=spec), _model=model, _tokenizer=tok, _draft=draft)
-    encoded = [base.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]
+    return llms
+
+
+def bench_llms(llms: dict[str, LLM], prompts: list[Prompt], params: SamplingParams, progress: bool = True,
+               warmup: bool = True, on_prompt: Callable[[list[dict]], None] | None = None,
+               turns: int | None = None) -> list[dict]:
+    """Every configuration on each prompt in turn; records, one per (prompt, turn, configuration).
+    ``turns``: the first N user turns of each prompt (None: all of them); ``on_prompt(records so far)``
+    is called after each prompt."""
+    from tqdm import tqdm
+
     if warmup:  # first calls pay one-off costs (allocation, calibration): keep them out of the figures
         for llm in llms.values():
-            llm.generate(encoded[0], replace(params, max_tokens=8))
+            llm.generate(llm.encode_chat([{"role": "user", "content": prompts[0].turns[0]}]),
+                         replace(params, max_tokens=8))
     records = []
-    for p, ids in tqdm(list(zip(prompts, encoded)), desc="bench", unit="prompt", disable=not progress):
+    for p in tqdm(prompts, desc="bench", unit="prompt", disable=not progress):
         for label, llm in llms.items():
-            o = llm.generate(ids, params)[0]
-            s = o.stats
-            n = s["completion_tokens"]
-            records.append({
-                "prompt_id": p.id, "category": p.category, "config": label,
-                "prompt_tokens": s["prompt_tokens"], "completion_tokens": n,
-                "ttft_s": s["time_to_first_token_s"],
-                "decode_s": (n - 1) / s["decode_tokens_per_s"] if s["decode_tokens_per_s"] else 0.0,
-                "spec": s["spec"], "token_ids": o.token_ids,
-            })
+            messages: list[dict] = []
+            for turn, text in enumerate(p.turns[:turns]):
+                messages.append({"role": "user", "content": text})
+                o = llm.generate(llm.encode_chat(messages), params)[0]
+                messages.append({"role": "assistant", "content": o.text})
+                records.append(_record(p, turn, label, o))
         if on_prompt is not None:
             on_prompt(records)
     return records
+
+
+def _record(p: Prompt, turn: int, label: str, o) -> dict:
+    s = o.stats
+    n = s["completion_tokens"]
+    return {
+        "prompt_id": p.id, "turn": turn, "category": p.category, "config": label,
+        "prompt_tokens": s["prompt_tokens"], "completion_tokens": n,
+        "ttft_s": s["time_to_first_token_s"],
+        "decode_s": (n - 1) / s["decode_tokens_per_s"] if s["decode_tokens_per_s"] else 0.0,
+        "spec": s["spec"], "token_ids": o.token_ids,
+    }
