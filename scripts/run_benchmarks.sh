@@ -2,6 +2,9 @@
 # The benchmark figures of docs/benchmarks.md (rounds 3 and 4), in the order they were taken. Run on a quiet
 # machine (no other CPU load: with two threads any other runnable process stalls torch's thread pool);
 # each figure is a ratio or a median measured within one process. Raw results land in out/.
+# Until round 9 `specdecode bench` ran only the first user turn of each prompt; since round 10 it runs
+# MT-bench's two turns as conversations by default, so the `specdecode bench` commands of rounds 1-9
+# reproduce their figures with `--turns 1` added.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p out
@@ -120,3 +123,20 @@ specdecode bench -t $T --spec-types auto --limit 3 --max-tokens 128 --temperatur
 for m in qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct; do  # each head in and out of its training distribution
   python scripts/head_acceptance.py --model $m --n 12 | tee -a out/r9_head_acc.jsonl
 done
+# Round 10: the AVX2 int4 kernel's int16 partial sums; Spec-Bench with MT-bench's second turns; llama.cpp
+# side by side on both bodies (peer trees: /tmp/llama.cpp-peer from ../shared/peers/build-llama-cpp, and
+# /tmp/llama.cpp-avx2 built from that tree with the AVX2-only flags of round 7).
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin \
+  --theirs plain,ngram-simple,ngram-mod --rounds 2 --json-out out/r10_vs_llamacpp_avx512.json
+git worktree add -f /tmp/old_k 59032e4 2>/dev/null || true  # the kernel before this round
+for r in 1 2; do
+  (cd /tmp/old_k && PYTHONPATH=/tmp/old_k SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto \
+    --threads $T --reps 3 --decode-tokens 64 --json-out "$OLDPWD/out/r10_runtime_avx2_before.jsonl")
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 \
+    --json-out out/r10_runtime_avx2_after.jsonl
+done
+python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r10_runtime_avx512.jsonl
+specdecode bench -t $T --spec-types "auto,eagle3" --limit 5 --max-tokens 128 --json-out out/r10_greedy.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r10_vs_llamacpp_avx2.json
+specdecode bench -t $T --spec-types auto --limit 3 --max-tokens 128 --temperature 0.7 --json-out out/r10_t07.json

@@ -184,7 +184,7 @@ static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax
 /* Group g's int32 dot products, for activation rows i < RB and the tile's output lanes 8 (h0 + hh) ..
  * 8 (h0 + hh) + 7 (hh < NH), into dot[i][hh]. AVX2 has no vpdpbusd: maddubs multiplies the codes by 2
  * activation bytes and adds the pairs in int16, and up to 8 such products are summed in int16 before
- * one widening madd (exact: |pair| <= 2 * 15 * 127 and 8 * 3810 < 32767), which halves the multiply
+ * one widening madd (exact: |pair| <= 2 * 15 * 127 and 8 * 3810 < 32767), which nearly halves the multiply
  * port's work against widening each one. */
 static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, const int8_t *xg, int K, int C,
                                                             const int RB, int h0, const int NH, __m256i dot[][2]) {
