@@ -128,7 +128,13 @@ done
 # /tmp/llama.cpp-avx2 built from that tree with the AVX2-only flags of round 7).
 python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin \
   --theirs plain,ngram-simple,ngram-mod --rounds 2 --json-out out/r10_vs_llamacpp_avx512.json
-git worktree add -f /tmp/old_k 59032e4 2>/dev/null || true  # the kernel before this round
+git show 59032e4:specdecode/kernels/quant_gemm.c > /tmp/quant_gemm_before.c  # the kernel before this round
+for r in 1 2; do
+  python scripts/ab_kernels.py /tmp/quant_gemm_before.c specdecode/kernels/quant_gemm.c --flags=-mno-avx512f --threads 1 --int4-only
+  python scripts/ab_kernels.py /tmp/quant_gemm_before.c /tmp/quant_gemm_before.c --flags=-mno-avx512f --threads 1 --int4-only
+done
+python scripts/ab_kernels.py /tmp/quant_gemm_before.c specdecode/kernels/quant_gemm.c --flags=-mno-avx512f --stream
+git worktree add -f /tmp/old_k 59032e4 2>/dev/null || true
 for r in 1 2; do
   (cd /tmp/old_k && PYTHONPATH=/tmp/old_k SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto \
     --threads $T --reps 3 --decode-tokens 64 --json-out "$OLDPWD/out/r10_runtime_avx2_before.jsonl")

@@ -1,0 +1,89 @@
+"""Two builds of the int4/int8 kernels (quant_gemm.c) against each other in one process, called in turns,
+in ABBA order, so that a drift of the machine's speed hits both alike; outputs are compared bit for bit
+first. The same file given twice measures the noise floor (the two builds differ only in where they load).
+
+    git show 59032e4:specdecode/kernels/quant_gemm.c > /tmp/quant_gemm_before.c
+    python scripts/ab_kernels.py /tmp/quant_gemm_before.c specdecode/kernels/quant_gemm.c --flags=-mno-avx512f --threads 1
+    python scripts/ab_kernels.py /tmp/quant_gemm_before.c specdecode/kernels/quant_gemm.c --flags=-mno-avx512f --stream
+
+Default (cache-hot): one 1536 x 1536 int4 matrix (1.2 MB) and a 1024 x 1536 int8 one, medians of 9
+batches of 1000 calls per row count. ``--stream``: the 1.5B's 112 int4 decoder matrices (Qwen2.5-1.5B
+shapes, random codes) and its int8 LM head streamed from DRAM as a decode step streams them, medians of
+8 passes. ``--flags``: extra compiler flags for both builds (``-mno-avx512f``: the AVX2 body)."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from specdecode.kernels import _FLAGS, NativeKernels  # noqa: E402
+
+
+def build(source: str, flags: list[str], out: Path) -> NativeKernels:
+    """quant_gemm.c alone, with the package's flags: only the GEMM entry points are bound."""
+    subprocess.run(["gcc", *_FLAGS, *flags, source, "-o", str(out), "-lm"], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(out))
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.specdecode_int4_gemm.argtypes = [p, i, i, i, i, p, p, p, p, p, p, p, i]
+    lib.specdecode_int8_gemm.argtypes = [p, i, i, i, p, p, p, p, p, p, p, p, i]
+    lib.specdecode_isa.restype = ctypes.c_char_p
+    return NativeKernels(lib, lib.specdecode_isa().decode())
+
+
+def int4_matrix(n: int, k: int) -> tuple[int, int, torch.Tensor, torch.Tensor]:
+    return (n, k, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8),
+            torch.randint(0, 0x3000, (2, n // 16, k // 32, 16), dtype=torch.int16))  # scale, zero: half bits
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("sources", nargs=2, help="two quant_gemm.c files: before, after")
+    ap.add_argument("--flags", default="", help="extra compiler flags for both builds")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stream", action="store_true", help="a whole model's matrices from DRAM instead of one hot matrix")
+    ap.add_argument("--int4-only", action="store_true", help="leave the int8 matrix out")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(a.threads)
+    tmp = Path(tempfile.mkdtemp())
+    libs = [build(s, a.flags.split(), tmp / f"k{i}.so") for i, s in enumerate(a.sources)]
+    print(f"isa {libs[0].isa}, {a.threads} threads, {'streamed from DRAM' if a.stream else 'cache-hot'}")
+    if a.stream:
+        mats = [int4_matrix(n, k) for n, k in [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)] * 28]
+        head, hscale, hn, rows, passes, calls = torch.randint(0, 256, (151936, 1536), dtype=torch.uint8), \
+            torch.rand(151936), 151936, (1, 5, 9), 8, 1
+    else:
+        mats = [int4_matrix(1536, 1536)]
+        head, hscale, hn, rows, passes, calls = torch.randint(0, 256, (1024, 1536), dtype=torch.uint8), \
+            torch.rand(1024), 1024, (1, 2, 3, 5, 9), 9, 1000
+    for r in rows:
+        xs = {k: torch.randn(r, k) for k in {k for _, k, _, _ in mats}}
+
+        def run(lib):
+            ys = [lib.int4_gemm(xs[k], p, s, n, 32) for n, k, p, s in mats]
+            return ys if a.int4_only else ys + [lib.int8_gemm(xs[1536], head, hscale, hn)]
+        if not all(torch.equal(u, v) for u, v in zip(run(libs[0]), run(libs[1]))):
+            sys.exit(f"the two builds' outputs differ ({r} rows)")
+        times = [[] for _ in libs]
+        for i in range(passes):  # ABBA order: neither build always runs first
+            for lib, t in (zip(libs, times) if i % 2 == 0 else reversed(list(zip(libs, times)))):
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    run(lib)
+                t.append((time.perf_counter() - t0) / calls)
+        a_ms, b_ms = (statistics.median(t) * 1e3 for t in times)
+        unit, scale = ("ms", 1) if a.stream else ("us", 1000)
+        print(f"{r} rows: {a_ms * scale:.1f} {unit} -> {b_ms * scale:.1f} {unit} ({b_ms / a_ms:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
