@@ -13,7 +13,8 @@ def _group(cat: str) -> str:
 
 
 def summarize(records: list[dict]) -> dict[str, dict[str, dict]]:
-    """{category: {config: figures}} with categories as in the file, Spec-Bench groups, and 'all'."""
+    """{category: {config: figures}} with categories as in the file, Spec-Bench groups, and 'all'.
+    "prompts" counts records: one per turn (an MT-bench question run with both turns counts twice)."""
     acc: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(float)))
     for r in records:
         cats = {r["category"], _group(r["category"]), "all"}
