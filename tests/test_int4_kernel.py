@@ -62,12 +62,12 @@ def test_kernel_equals_its_exact_arithmetic(kernel, group_size):
         assert ((y.double() - ref).abs() <= 2 ** -18 * scale_of + 1e-12).all()
 
 
-
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_extreme_codes_and_activations_do_not_overflow(kernel, group_size):
     # Every code 15 against activations all at +-127 after quantization: the largest partial sums the
-    # kernels form in narrow integers (the AVX2 body sums 8 maddubs pairs in int16: 8 * 2 * 15 * 127
-    # = 30480, just below 32767). Rows 1 to 10 cover every row block of both bodies.
+    # kernels form in narrow integers (the AVX2 body sums up to 8 maddubs results, each two products,
+    # in int16: 8 * 2 * 15 * 127 = 30480, just below 32767). Rows 1 to 10 cover every row block of
+    # both bodies.
     n, k = 32, 256
     codes = torch.full((n, k), 15, dtype=torch.uint8)
     scale, zero = torch.ones(n, k // group_size), torch.zeros(n, k // group_size)
