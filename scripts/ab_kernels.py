@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_kernels import QWEN15_SHAPES  # noqa: E402  (scripts/ is sys.path[0])
 from specdecode.kernels import _FLAGS, NativeKernels  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def main() -> int:
     libs = [build(s, a.flags.split(), tmp / f"k{i}.so") for i, s in enumerate(a.sources)]
     print(f"isa {libs[0].isa}, {a.threads} threads, {'streamed from DRAM' if a.stream else 'cache-hot'}")
     if a.stream:
-        mats = [int4_matrix(n, k) for n, k in [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)] * 28]
+        mats = [int4_matrix(n, k) for n, k in QWEN15_SHAPES]
         head, hscale, hn, rows, passes, calls = torch.randint(0, 256, (151936, 1536), dtype=torch.uint8), \
             torch.rand(151936), 151936, (1, 5, 9), 8, 1
     else:

@@ -15,6 +15,10 @@ import torch
 from specdecode.kernels import native_kernels
 
 
+# The 1.5B's decoder matrices as (out, in): qkv, o, gate_up, down of each of its 28 layers.
+QWEN15_SHAPES = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)] * 28
+
+
 def median_time(fn, reps: int = 5) -> float:
     fn()
     times = []
@@ -33,9 +37,8 @@ def main():
     k = native_kernels()
     if k is None:
         raise SystemExit("native kernels not available on this machine")
-    shapes = [(2048, 1536), (1536, 1536), (17920, 1536), (1536, 8960)] * 28  # qkv, o, gate_up, down
     mats = [(n, kk, torch.randint(0, 256, (n, kk // 2), dtype=torch.uint8),
-             torch.full((2, n // 16, kk // 32, 16), 0x2000, dtype=torch.int16)) for n, kk in shapes]
+             torch.full((2, n // 16, kk // 32, 16), 0x2000, dtype=torch.int16)) for n, kk in QWEN15_SHAPES]
     int4_bytes = sum(p.numel() + s.numel() * 2 for _, _, p, s in mats)
     head, head_scale = torch.randint(0, 256, (151936, 1536), dtype=torch.uint8), torch.ones(151936)
     print(f"isa {k.isa}, int4 matrices {int4_bytes / 1e6:.0f} MB, int8 head {head.numel() / 1e6:.0f} MB")
