@@ -216,3 +216,59 @@ def test_tree_nodes_beyond_its_depth_count_as_cost_only():
     assert choose_batch_draft_length(alphas, 0.01, v, 6, depth=lambda k: min(k, 3)) == 3
     # drafting costs are per level: the same tree costs 3 head steps whatever its node count
     assert choose_batch_draft_length(alphas, 0.2, v, 6, depth=lambda k: min(k, 3)) == 3
+
+
+STEEP = {1: 1.0, 2: 1.17, 3: 1.37, 4: 1.56}.__getitem__  # a verify curve of the loaded int4 target
+
+
+def simulate_model_drafter(a1_at, seed: int, steps: int, draft_cost: float = 0.15, pool: bool = True):
+    """One request drafting with a 3-deep model drafter on fixed costs (STEEP, draft_cost per drafted
+    token, in units of v(1)): position 1 is accepted with probability a1_at(step), deeper positions
+    with 0.5. pool=False gives the request's record no engine-wide pool (a draftless drafter's).
+    Returns (tokens per unit of cost, the steps that drafted)."""
+    import random
+
+    rnd = random.Random(seed)
+    pool_est = AcceptanceEstimate() if pool else None
+    est, toks, cost, drafted = AcceptanceEstimate(pool=pool_est), 0, 0.0, []
+    for step in range(steps):
+        k = choose_draft_length(est.alphas(3), draft_cost, STEEP, 3)
+        acc = 0
+        while acc < k and rnd.random() < (a1_at(step) if acc == 0 else 0.5):
+            acc += 1
+        est.observe(k, acc)
+        if pool_est is not None:
+            pool_est.decay()
+        toks, cost = toks + acc + 1, cost + k * draft_cost + STEEP(k + 1)
+        if k:
+            drafted.append(step)
+    return toks / cost, drafted
+
+
+def test_a_losing_model_drafter_is_reprobed_less_and_less_often():
+    """Every probe rejected: a model drafter's record fades slower after each rejected probe, so
+    it is probed about half as often as a record at the normal pace, and still probed."""
+    model = sum(len(simulate_model_drafter(lambda s: 0.0, seed, 300)[1]) for seed in range(10))
+    normal = sum(len(simulate_model_drafter(lambda s: 0.0, seed, 300, pool=False)[1]) for seed in range(10))
+    assert 10 * 300 / 60 <= model <= 0.6 * normal, (model, normal)
+
+
+def test_a_model_drafter_that_loses_stays_near_plain_speed():
+    """A head accepted 5-10 % of the time, each probe costing ~0.6 of a step: the probing costs
+    less than 3 % against plain decoding (at the normal fading pace it costs ~4-5 %)."""
+    for a1 in (0.05, 0.1):
+        rates = [simulate_model_drafter(lambda s: a1, seed, 128)[0] for seed in range(40)]
+        assert sum(rates) / len(rates) >= 0.97, (a1, sum(rates) / len(rates))
+
+
+def test_a_model_drafter_that_starts_to_pay_is_found_again():
+    """Text the head cannot predict for 100 steps, then text it predicts well (prose turning into
+    code): the backed-off record is probed again within the capped interval, and on average the
+    head drafts most steps from then on (an unlucky run of rejected probes may delay it further)."""
+    late = []
+    for seed in range(20):
+        _, drafted = simulate_model_drafter(lambda s: 0.05 if s < 100 else 0.7, seed, 250)
+        assert any(100 <= s < 140 for s in drafted), seed
+        late.append(sum(150 <= s < 250 for s in drafted))
+    assert sum(late) / len(late) >= 85, late
+

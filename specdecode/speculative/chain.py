@@ -131,7 +131,7 @@ class ChainProposer(Proposer):
             if i == st.choice and drafted:
                 est.observe(drafted if m.draftless or not m.chain_drafts else max(k, drafted), accepted)
             else:
-                est.decay()
+                est.rest()
 
     def drafted_by(self, seq) -> str:
         st = self._st(seq)

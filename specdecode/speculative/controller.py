@@ -15,7 +15,17 @@ achieved instead of re-probing from the optimistic PRIOR_ALPHA; a pool that no f
 for a while fades back to PRIOR_ALPHA itself, so a drafter that stopped paying is tried again. A
 request's own record joins the pool only when it finishes, so no observation counts twice in one
 estimate. Draftless drafters (n-gram kinds, suffix) keep PRIOR_ALPHA: whether their matches are right
-depends on the request (one repeating an earlier answer, or fresh text), not on the workload."""
+depends on the request (one repeating an earlier answer, or fresh text), not on the workload.
+
+Re-probing backs off for a model drafter. A probe of a 3-deep head costs about half a step; with the
+counts fading at DECAY, a record that settles at ~10 % acceptance is pulled back over the break-even
+point every ~6 steps, and those probes cost more than the drafter returns. So a model drafter's record
+fades 2**m times slower on the steps it does not draft after m drafted steps in a row rejected at their
+first position (m capped at BACKOFF_MAX): the interval between failed probes doubles, up to 4x, and one
+accepted token returns it to the normal pace. The cap bounds how late a drafter that starts to pay
+mid-request (prose turning into code) is found again. A draftless drafter's record (no pool) keeps the
+normal pace: a single n-gram proposer only looks for a match on the steps its record allows, and
+looking costs microseconds."""
 from __future__ import annotations
 
 from bisect import bisect, insort
@@ -28,6 +38,7 @@ from typing import Callable
 PRIOR_ALPHA = 0.8  # prior acceptance per position
 PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
 DECAY = 0.97  # per-step decay of the counts (≈ the last 30 steps matter)
+BACKOFF_MAX = 2  # a model drafter's idle fading slows at most 2**2-fold after rejected probes
 EMA = 0.2  # weight of a new cost measurement
 
 
@@ -41,6 +52,7 @@ class AcceptanceEstimate:
     tries: list[float] = field(default_factory=list)
     hits: list[float] = field(default_factory=list)
     pool: AcceptanceEstimate | None = None  # the drafter's engine-wide record: this estimate's prior
+    misses: int = 0  # drafted steps in a row whose first position was rejected
 
     def alphas(self, k: int) -> list[float]:
         """Estimated acceptance of positions 1..k, each given the earlier ones accepted. Position i's
@@ -62,18 +74,32 @@ class AcceptanceEstimate:
 
     def observe(self, asked: int, accepted: int) -> None:
         """One step that asked for ``asked`` draft positions (a position asked for but not drafted
-        counts as drafted and rejected) of which the first ``accepted`` were accepted."""
+        counts as drafted and rejected) of which the first ``accepted`` were accepted; ``asked`` = 0
+        is a step without a draft (``rest``)."""
+        if asked <= 0:
+            self.rest()
+            return
         self.decay()
         self._grow(asked)
         # position i is only "tried" if every earlier position was accepted
         for i in range(min(asked, accepted + 1)):
             self.tries[i] += 1
             self.hits[i] += i < accepted
+        self.misses = 0 if accepted else self.misses + 1
+
+    def rest(self) -> None:
+        """A step this drafter did not draft: the counts fade, 2**misses times slower (capped) for a
+        model drafter's record (see the module docstring)."""
+        slow = 0.5 ** min(self.misses, BACKOFF_MAX) if self.pool is not None else 1.0
+        self._fade(DECAY ** slow)
 
     def decay(self) -> None:
         """One step's fading of the counts: they drift back to the prior."""
-        self.tries = [x * DECAY for x in self.tries]
-        self.hits = [x * DECAY for x in self.hits]
+        self._fade(DECAY)
+
+    def _fade(self, factor: float) -> None:
+        self.tries = [x * factor for x in self.tries]
+        self.hits = [x * factor for x in self.hits]
 
     def absorb(self, other: AcceptanceEstimate) -> None:
         """A finished request's record joins this (engine-wide) one."""
