@@ -1,21 +1,19 @@
 """The draft controller with and without one of its module settings, in one process, on Spec-Bench:
 every configuration runs twice, once as the code is ("auto") and once with the settings given by
 ``--old`` ("auto~old"), all sharing one target, every configuration on a prompt before the next prompt
-(as ``specdecode bench``; the twins in ABBA order), so a drift of the machine's speed hits both alike. Writes a bench JSON that
-``scripts/spec_bench_categories.py`` reads.
+(as ``specdecode bench``; the twins in ABBA order), so a drift of the machine's speed hits both
+alike. Writes a bench JSON that ``scripts/spec_bench_categories.py`` reads.
 
     python scripts/ab_controller.py --old BACKOFF_MAX=0 --spec-types auto,eagle3 --limit 5 --turns 1 \\
         --json-out out/ab_backoff.json
 
 ``--old NAME=VALUE`` (repeatable) sets a constant of specdecode/speculative/controller.py for the
-"~old" configurations' calls only; ``--old-costs`` gives them the cost model before the machine's
-speed was shared across shapes (each shape's EMA on its own: PerShapeCosts)."""
+"~old" configurations' calls only."""
 from __future__ import annotations
 
 import argparse
 import contextlib
 import sys
-from bisect import insort
 
 from specdecode.bench.prompts import DEFAULT_PROMPTS, load_prompts
 from specdecode.bench.report import summarize, write_json
@@ -37,15 +35,6 @@ def settings(values: dict[str, float]):
             setattr(controller, k, v)
 
 
-class PerShapeCosts(controller.CostModel):
-    """Each shape's forward time as its own EMA, as the cost model kept it before ``speed``."""
-
-    def observe(self, batch: int, tokens: int, seconds: float) -> None:
-        if (batch, tokens) not in self.r:
-            insort(self._sizes.setdefault(batch, []), tokens)
-        self.r[(batch, tokens)] = controller.ema(self.r.get((batch, tokens)), seconds)
-
-
 class WithSettings:
     """An LLM whose generate() runs with ``values`` set in the controller module."""
 
@@ -62,8 +51,7 @@ class WithSettings:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--old", action="append", default=[], metavar="NAME=VALUE")
-    ap.add_argument("--old-costs", action="store_true")
+    ap.add_argument("--old", action="append", required=True, metavar="NAME=VALUE")
     ap.add_argument("--model", default=EngineConfig.model)
     ap.add_argument("--spec-types", default="auto,eagle3")
     ap.add_argument("--prompts", default=DEFAULT_PROMPTS)
@@ -90,12 +78,8 @@ def main() -> None:
         pairs += twins if i % 2 == 0 else twins[::-1]
     llms = build_llms(EngineConfig(model=a.model, threads=a.threads), pairs)
     llms = {label: WithSettings(llm, old) if label.endswith("~old") else llm for label, llm in llms.items()}
-    if a.old_costs:
-        for label, llm in llms.items():
-            if label.endswith("~old"):
-                llm.engine.costs = PerShapeCosts()
     prompts = load_prompts(a.prompts, a.category, a.limit)
-    meta = {"argv": sys.argv, "model": a.model, "spec_types": a.spec_types, "old": old, "old_costs": a.old_costs, "max_tokens": a.max_tokens,
+    meta = {"argv": sys.argv, "model": a.model, "spec_types": a.spec_types, "old": old, "max_tokens": a.max_tokens,
             "prompts": a.prompts, "n_prompts": len(prompts), "turns": a.turns or "all", "temperature": 0.0}
     params = SamplingParams(temperature=0.0, max_tokens=a.max_tokens)
     bench_llms(llms, prompts, params, progress=sys.stderr.isatty(), turns=a.turns,

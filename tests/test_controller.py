@@ -169,7 +169,7 @@ def test_engine_calibrates_verify_costs_with_a_single_slot():
 
     llm = tiny_llm("ngram", max_num_seqs=1, draft_max=3)
     llm.generate([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    assert {(1, t) for t in range(1, 5)} <= set(llm.engine.costs.r)
+    assert {(1, t) for t in range(1, 5)} <= set(llm.engine.costs.v)
 
 
 def test_untried_deep_positions_inherit_the_first_positions_record():
@@ -273,29 +273,14 @@ def test_a_model_drafter_that_starts_to_pay_is_found_again():
     assert sum(late) / len(late) >= 85, late
 
 
-def test_cost_model_follows_the_machines_speed_on_shapes_it_did_not_measure():
-    """A step measures one shape; when the machine slows by 30 % (another tenant's memory traffic),
-    the shapes not measured since follow it, so the ratios that choose the draft length stay near what
-    the calibration measured instead of mixing a fast v(1) with a slow v(2) (0.70 for v(1)/v(2) here,
-    with each shape's estimate kept on its own)."""
+def test_cost_model_replaces_the_calibration_quickly():
+    """The calibration's measurement (a busy moment, a short context) is one among the first few,
+    not a weight that takes tens of steps to fade: the first real measurements average it out."""
     c = CostModel()
-    for t, s in ((1, 0.020), (2, 0.022), (4, 0.026)):
-        c.observe(1, t, s)  # calibration
+    c.observe(1, 1, 0.033)  # calibration
+    for _ in range(3):
+        c.observe(1, 1, 0.028)
+    assert abs(c.verify_cost(1, 1) - 0.02925) < 1e-9  # the mean of the four (an EMA of 0.2: 0.0306)
     for _ in range(40):
-        c.observe(1, 2, 0.022 * 1.3)  # only k = 1 steps from now on, on a slower machine
-    assert abs(c.verify_cost(1, 2) - 0.0286) < 1e-4
-    assert abs(c.verify_cost(1, 1) / c.verify_cost(1, 2) - 20 / 22) < 0.05  # v(1) followed the slowdown
-    assert abs(c.verify_cost(1, 4) / c.verify_cost(1, 2) - 26 / 22) < 0.06
-    assert c.verify_cost(1, 2) < c.verify_cost(1, 3) < c.verify_cost(1, 4)  # interpolated, at today's speed
-
-
-def test_cost_model_learns_the_ratio_between_shapes_from_mixed_steps():
-    """The calibration's v(2)/v(1) (1.1, on a short scratch context) is not what real steps measure
-    (1.3): steps that measure both shapes teach the model the real ratio."""
-    c = CostModel()
-    c.observe(1, 1, 0.020)
-    c.observe(1, 2, 0.022)
-    for i in range(100):
-        c.observe(1, 1 + i % 2, 0.020 if i % 2 == 0 else 0.026)
-    assert abs(c.verify_cost(1, 2) / c.verify_cost(1, 1) - 1.3) < 0.04
-    assert abs(c.verify_cost(1, 1) - 0.020) < 0.001
+        c.observe(1, 1, 0.020)
+    assert abs(c.verify_cost(1, 1) - 0.020) < 1e-4  # later, an EMA that follows the machine

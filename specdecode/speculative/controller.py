@@ -40,7 +40,6 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
 DECAY = 0.97  # per-step decay of the counts (≈ the last 30 steps matter)
 BACKOFF_MAX = 2  # a model drafter's idle fading slows at most 2**2-fold after rejected probes
 EMA = 0.2  # weight of a new cost measurement
-SHAPE_EMA = 0.05  # weight of a new measurement in a shape's cost relative to the machine's speed
 
 
 def ema(old: float | None, new: float) -> float:
@@ -116,50 +115,42 @@ class AcceptanceEstimate:
 
 
 class CostModel:
-    """Measured target forward time v(t) over t new tokens, per batch size: v(b, t) = speed * r(b, t).
+    """Measured target forward time v(b, t) over t new tokens per row, for batch size b.
 
-    A shared machine's speed drifts (other tenants' memory traffic, clocks), while most steps measure
-    one or two shapes: estimates kept per shape would go stale, and a v(1) measured while the machine
-    was fast against a v(2) measured after it slowed makes drafting look dearer than it is (cheaper,
-    the other way round). So ``speed`` is the machine's current speed relative to the first measurement,
-    following every measurement of any shape (EMA), and r(b, t) each shape's cost at speed 1. One shape
-    alone cannot tell a slower machine from a costlier shape; drift is the common case, so a
-    measurement moves the speed first and r only slowly (SHAPE_EMA): r learns the ratios between
-    shapes over tens of steps that measure several of them. A shape's first measurement sets its r at
-    the current speed."""
+    Each shape's estimate is the running mean of its first measurements, then an EMA (weight
+    max(EMA, 1/n) for its n-th): the first one is the calibration's (best of two on a short scratch
+    context, perhaps in a busy moment), so the first steps that measure the shape for real outweigh
+    it at once instead of over tens of steps."""
 
     def __init__(self):
-        self.speed = 1.0
-        self.r: dict[tuple[int, int], float] = {}
+        self.v: dict[tuple[int, int], float] = {}
+        self._n: dict[tuple[int, int], int] = {}  # measurements of each shape
         self._sizes: dict[int, list[int]] = {}  # batch -> measured token counts, ascending
 
     def observe(self, batch: int, tokens: int, seconds: float) -> None:
         key = (batch, tokens)
-        if key not in self.r:
+        if key not in self.v:
             insort(self._sizes.setdefault(batch, []), tokens)
-            self.r[key] = seconds / self.speed
+            self.v[key], self._n[key] = seconds, 1
             return
-        self.speed = ema(self.speed, seconds / self.r[key])
-        self.r[key] += SHAPE_EMA * (seconds / self.speed - self.r[key])
+        self._n[key] += 1
+        self.v[key] += max(EMA, 1 / self._n[key]) * (seconds - self.v[key])
 
     def verify_cost(self, batch: int, tokens: int) -> float:
-        return self.speed * self._relative(batch, tokens)
-
-    def _relative(self, batch: int, tokens: int) -> float:
-        if (batch, tokens) in self.r:
-            return self.r[(batch, tokens)]
-        if not self.r:
+        if (batch, tokens) in self.v:
+            return self.v[(batch, tokens)]
+        if not self.v:
             return float(batch * tokens)  # no data yet: proportional to work (pessimistic)
         sizes = self._sizes.get(batch, [])
         i = bisect(sizes, tokens)
         if 0 < i < len(sizes):  # between two measured sizes of this batch: linear in between
             t0, t1 = sizes[i - 1], sizes[i]
-            s0, s1 = self.r[(batch, t0)], self.r[(batch, t1)]
+            s0, s1 = self.v[(batch, t0)], self.v[(batch, t1)]
             return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
         # Unmeasured shape: scale the nearest measurement linearly in batch*tokens. Linear is an
         # upper bound on CPU and GPU alike (small verifies cost less than proportionally), so an
         # unmeasured shape never makes drafting look cheaper than it is.
-        (b, t), s = min(self.r.items(), key=lambda kv: abs(kv[0][0] * kv[0][1] - batch * tokens))
+        (b, t), s = min(self.v.items(), key=lambda kv: abs(kv[0][0] * kv[0][1] - batch * tokens))
         return s * (batch * tokens) / (b * t)
 
 
