@@ -126,13 +126,7 @@ def test_chain_controller_picks_the_drafter_that_pays_and_falls_back_to_none(mon
     # drafting with the model now costs more than a target step, and verifying t tokens costs t steps
     # (no parallelism to exploit): nothing pays, plain decoding does best
     monkeypatch.setattr(draft_model, "draft_cost", lambda self, n=1: 1.5)
-    from specdecode.speculative.controller import CostModel
-
-    costs = CostModel()
-    for t in range(1, 12):
-        costs.observe(1, t, float(t))
-    monkeypatch.setattr(costs, "observe", lambda *a: None)
-    eng.costs = costs
+    eng.costs.v = {(1, t): float(t) for t in range(1, 12)}
     out = llm.generate(list(range(200, 230)), params)[0]
     by = out.stats["spec"]["by_drafter"]
     assert by.get("draft", {"steps": 0})["steps"] <= 3 and by.get("ngram-mod", {"steps": 0})["steps"] <= 3, by
