@@ -146,3 +146,17 @@ specdecode bench -t $T --spec-types "auto,eagle3" --limit 5 --max-tokens 128 --j
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
   --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r10_vs_llamacpp_avx2.json
 specdecode bench -t $T --spec-types auto --limit 3 --max-tokens 128 --temperature 0.7 --json-out out/r10_t07.json
+# Round 11: the controller's re-probe backoff and a cost model sharing the machine's speed across shapes, each
+# A/B-tested in one process against the code before it (first turns, 65 prompts; the backoff's ran on 32a649d);
+# llama.cpp side by side on the AVX2 body again (once on 728deaf, once on 240a223) and on AVX512.
+python scripts/ab_controller.py --old BACKOFF_MAX=0 --spec-types auto,eagle3 --limit 5 --turns 1 --max-tokens 128 \
+  --threads $T --json-out out/r11_ab_backoff.json
+git worktree add -f /tmp/r11_costs 728deaf 2>/dev/null || true  # the shared-speed cost model, since dropped
+(cd /tmp/r11_costs && PYTHONPATH=/tmp/r11_costs python scripts/ab_controller.py --old-costs --spec-types auto,eagle3 \
+  --limit 5 --turns 1 --max-tokens 128 --threads $T --json-out "$OLDPWD/out/r11_ab_costs.json")
+for out in r11_vs_llamacpp_avx2 r11_vs_llamacpp_avx2_head; do  # (a) on 728deaf, (b) on 240a223
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+    --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/$out.json
+done
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin \
+  --theirs plain,ngram-simple,ngram-mod --rounds 2 --json-out out/r11_vs_llamacpp_avx512.json
