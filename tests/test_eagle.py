@@ -84,7 +84,8 @@ def forced_head(m, kind="eagle3", noise=0.0):
 
 def llm(m, spec_type="none", head=None, knobs=(3, 1, 4), dtype="float64", **kw):
     s, k, n = knobs
-    return LLM(spec_type=spec_type, dtype=dtype, max_model_len=400, max_num_seqs=3, _model=m,
+    kw = {"max_num_seqs": 3, **kw}
+    return LLM(spec_type=spec_type, dtype=dtype, max_model_len=400, _model=m,
                _tokenizer=CharTokenizer(m.cfg.vocab_size), _draft=head, num_steps=s, eagle_topk=k,
                num_draft_tokens=n, draft_fixed=True, draft_max=n - 1, **kw)
 
@@ -516,6 +517,44 @@ def test_prompt_is_fed_to_the_head_during_prefill_and_a_catch_up_is_no_level_cos
     assert seen[1][1] > 3 + 1  # the catch-up: more than one verify commits
     assert all(n is None or n <= 3 + 1 for _, n in seen[2:])
     assert len(observed) == len(seen) - 1  # every proposal but the catch-up measured its levels
+
+
+def recomputed_positions(monkeypatch) -> list[int]:
+    """Records how many positions each Target.hidden_states call recomputes."""
+    from specdecode.runtime.target import Target
+
+    counts, original = [], Target.hidden_states
+
+    def counting(self, slot, tokens, start, end, *a, **kw):
+        counts.append(end - start)
+        return original(self, slot, tokens, start, end, *a, **kw)
+
+    monkeypatch.setattr(Target, "hidden_states", counting)
+    return counts
+
+
+@pytest.mark.parametrize("spec_type,max_num_seqs", [("eagle3", 1), ("eagle3", 3), ("ngram,eagle3", 3)])
+def test_prefix_cache_hit_keeps_the_heads_entries(plain, monkeypatch, spec_type, max_num_seqs):
+    """After a prefix-cache hit the head resumes the entries the previous request in that slot left for
+    the shared tokens: the same prompt again recomputes one position (the first one the hit does not
+    cover: its entry reads a token the old request did not share), the next turn of a chat none. The
+    drafts and the output are those of a cold start. In a chain the head keeps its state alike."""
+    m = target(bigram=True)
+    prompt = [(7 * i) % 300 + 1 for i in range(150)]
+    eng = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=max_num_seqs)
+    cold = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    counts = recomputed_positions(monkeypatch)
+    first = eng.generate(prompt, GREEDY)[0]
+    assert counts == []  # a cold prompt: its features come from the prefill
+    again = eng.generate(prompt, GREEDY)[0]
+    assert counts == [1] and eng.engine.prefix_cache.hit_tokens == len(prompt) - 1
+    turn2 = prompt + first.token_ids + [11, 12, 13]
+    second = eng.generate(turn2, GREEDY)[0]
+    assert counts == [1]  # the chat's next turn: every entry it needs was kept or comes from the prefill
+    for p, out in ((prompt, first), (prompt, again), (turn2, second)):
+        ref = cold.generate(p, GREEDY)[0]
+        assert out.token_ids == ref.token_ids
+        assert out.stats["spec"]["accepted_tokens"] == ref.stats["spec"]["accepted_tokens"]
 
 
 def test_labels_read_a_quantized_lm_head():

@@ -239,6 +239,32 @@ def test_prompt_hidden_states_come_from_the_engines_prefill(tmp_path, monkeypatc
     assert out.token_ids == ref and out.stats["spec"]["acceptance_rate"] == 1.0
 
 
+def test_prefix_cache_hit_keeps_the_heads_pairs(tmp_path, monkeypatch):
+    """After a prefix-cache hit the heads resume the pairs the slot's previous request left for the
+    shared tokens: the same prompt again recomputes one position through the target (the pair the hit
+    does not cover), the chat's next turn none; the output is a cold start's."""
+    from specdecode.runtime.target import Target
+
+    plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
+    counts, original = [], Target.hidden_states
+
+    def counting(self, slot, tokens, start, end, *a, **kw):
+        counts.append(end - start)
+        return original(self, slot, tokens, start, end, *a, **kw)
+
+    monkeypatch.setattr(Target, "hidden_states", counting)
+    prompt = [(7 * i) % 300 + 1 for i in range(150)]
+    first = spec.generate(prompt, GREEDY)[0]
+    again = spec.generate(prompt, GREEDY)[0]
+    assert counts == [1] and spec.engine.prefix_cache.hit_tokens == len(prompt) - 1
+    turn2 = prompt + first.token_ids + [11, 12, 13]
+    second = spec.generate(turn2, GREEDY)[0]
+    assert counts == [1]
+    for p, out in ((prompt, first), (prompt, again), (turn2, second)):
+        assert out.token_ids == plain.generate(p, GREEDY)[0].token_ids
+    assert again.stats["spec"]["accepted_tokens"] == first.stats["spec"]["accepted_tokens"]
+
+
 def test_model_without_heads_is_a_clear_error(tmp_path):
     hf, src = hf_model("llama", dtype=torch.float64), tmp_path / "plain.gguf"
     write_gguf(hf, src)

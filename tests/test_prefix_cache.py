@@ -71,6 +71,38 @@ def test_multi_turn_reuses_prompt_and_answer():
     assert out2 == no_cache().generate(turn2, GREEDY)[0].token_ids
 
 
+def test_draft_model_keeps_its_entries_of_the_shared_prefix():
+    """The draft model's cache entries for the tokens a prefix-cache hit shares are kept with the slot:
+    the same prompt again prefills nothing in the draft, the chat's next turn only its new tokens."""
+    kw = dict(draft_seed=0, draft_noise=0.5, draft_p_min=0.0, draft_fixed=True, draft_max=4)
+    llm = tiny_llm("draft", **kw)
+    prop = llm.engine.proposer
+    fed, forward = [], prop.runner.forward
+
+    def spy(slots, tokens, *a, **kw):
+        fed.append(sum(map(len, tokens)))
+        return forward(slots, tokens, *a, **kw)
+
+    prop.runner.forward = spy
+    ref = no_cache("draft", **kw)
+    turn1 = SYSTEM + [11, 12]
+    out1 = llm.generate(turn1, GREEDY)[0]
+    assert max(fed) == len(turn1) - 1  # the cold prompt, prefilled in the draft
+    fed.clear()
+    again = llm.generate(turn1, GREEDY)[0]
+    assert max(fed) <= 1 + 4  # drafting only: the root, then one token per draft
+    turn2 = turn1 + out1.token_ids + [31, 32, 33]
+    fed.clear()
+    out2 = llm.generate(turn2, GREEDY)[0]
+    # the question and the answer's last token (never fed to the target), and at most one token before
+    # it that the draft had not fed yet (its last step's bonus token)
+    assert fed[0] <= 3 + 1
+    for p, out in ((turn1, out1), (turn1, again), (turn2, out2)):
+        want = ref.generate(p, GREEDY)[0]
+        assert out.token_ids == want.token_ids
+        assert out.stats["spec"]["accepted_tokens"] == want.stats["spec"]["accepted_tokens"]
+
+
 def test_picks_the_best_matching_slot():
     llm = tiny_llm("none", max_num_seqs=2)
     a, b = SYSTEM[:60] + [1], SYSTEM[60:120] + [2]

@@ -148,6 +148,7 @@ class Engine:
             seq = self.waiting.popleft()
             if self.prefix_cache is not None:
                 seq.slot, seq.num_prefilled = self.prefix_cache.allocate(seq.prompt_ids)
+                seq.num_cached = seq.num_prefilled
             else:
                 seq.slot = self.kv.allocate()
             self.running.append(seq)

@@ -6,7 +6,9 @@ entry for position base + i (entry j = target features at j + embedding of token
 models/eagle.py), ``fed`` committed entries, the head's output at the newest of them (``last``: it
 drafts depth 1), and pending target features (handed to ``commit`` after each verify) not fed yet. The
 prompt's entries are fed during the target's prefill (time to first token, as a draft model's prefill),
-so a first proposal never feeds a whole prompt mid-decode. A proposal feeds the pending entries (one
+so a first proposal never feeds a whole prompt mid-decode. A finished request's state is kept for
+its target slot's next request (speculative/kept.py): after a prefix-cache hit the head keeps the
+entries of the shared tokens, and only the positions the hit leaves are fed. A proposal feeds the pending entries (one
 verify's worth, or more after steps in which a chain chose another drafter), then grows the tree: depth
 1 = the top-k tokens of the last entry; each later step feeds the k best frontier nodes (by path
 log-probability) as entries that see the committed prefix and their own ancestors (tree mask), and
@@ -31,6 +33,7 @@ from ..runtime.context import Context, use_context
 from ..runtime.kv_cache import KVCache
 from ..runtime.target import Target
 from .controller import DraftCost
+from .kept import KeptStates
 from .proposer import Proposer
 from .tree import DraftTree
 
@@ -74,6 +77,7 @@ class EagleProposer(Proposer):
                           c.num_kv_heads, c.head_dim, target.dtype, target.device)
         self.timer = target.timer
         self._step_cost = DraftCost(self._calibrate)  # seconds per tree level
+        self._kept = KeptStates(lambda st: self.kv.free(st.slot))
 
     def depth(self, k: int) -> int:
         return min(k, self.spec.num_steps)  # one head step per level; nodes beyond are siblings
@@ -86,8 +90,23 @@ class EagleProposer(Proposer):
     # -- state -----------------------------------------------------------------------------------
     def _state(self, seq) -> _State:
         if seq.draft_state is None:
-            seq.draft_state = _State(self.kv.allocate())
+            kept = self._kept.take(seq)
+            seq.draft_state = _State(self.kv.allocate()) if kept is None else self._resume(kept, seq.num_cached)
         return seq.draft_state
+
+    def _resume(self, st: _State, reused: int) -> _State:
+        """The previous request's state, cut back to what its first ``reused`` tokens determine: entry j
+        (features at j, token j + 1) while j + 1 < reused, pending features at positions < reused."""
+        fed = min(st.fed, reused - 1 - st.base)
+        if fed <= 0:
+            st = _State(st.slot)
+        elif fed < st.fed:
+            st.fed, st.feats, st.last = fed, None, None  # the gap up to the new prompt is recomputed
+        elif st.feats is not None:  # ``last`` (entry base + fed - 1) stays valid
+            keep = reused - st.fstart
+            st.feats = st.feats[:keep] if keep > 0 else None
+        self.kv.set_length(st.slot, st.fed)
+        return st
 
     def _add_features(self, st: _State, start: int, feats: torch.Tensor) -> None:
         """Pending features of positions start .. start + n - 1 (contiguous with what is pending)."""
@@ -114,9 +133,8 @@ class EagleProposer(Proposer):
         self.kv.set_length(st.slot, st.fed)  # drop the draft entries
 
     def release(self, seq):
-        if seq.draft_state is not None:
-            self.kv.free(seq.draft_state.slot)
-            seq.draft_state = None
+        self._kept.keep(seq, seq.draft_state)
+        seq.draft_state = None
 
     def _fill_gap(self, seq, st: _State, end: int) -> None:
         """Recomputes target features for positions before ``end`` (in the target's cache) that the

@@ -15,7 +15,9 @@ State per sequence (``seq.draft_state``, a _State):
 Chained entries lie past ``fed`` and are simply not counted: the next proposal overwrites those positions
 with real pairs, so every commit rolls them back. The prompt's hidden states come from the target's own
 prefill (``prefill``); those the engine never handed over (a prefix-cache hit) are recomputed from the
-target's KV cache, which is read, never written (``Target.hidden_states``)."""
+target's KV cache, which is read, never written (``Target.hidden_states``). A finished request's state
+is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the heads
+keep their pairs of the shared tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from ..runtime.context import Context, use_context
 from ..runtime.kv_cache import KVCache
 from ..runtime.target import Target
 from .controller import DraftCost
+from .kept import KeptStates
 from .proposer import Proposer, extend_chain
 from .tree import DraftTree
 
@@ -75,6 +78,7 @@ class MTPProposer(Proposer):
                           target.dtype, target.device)
         self.device, self.dtype, self.timer = target.device, target.dtype, target.timer
         self._cost = DraftCost(self._calibrate)
+        self._kept = KeptStates(self._free)
 
     # -- forward helpers ---------------------------------------------------------------------------
     @torch.inference_mode()
@@ -95,10 +99,32 @@ class MTPProposer(Proposer):
             g = self.head(m, tok.to(self.device), hid, pos.to(self.device), self.target.model)
         return g[torch.arange(B, device=self.device), torch.tensor(n, device=self.device) - 1]
 
+    def _state(self, seq) -> _State:
+        if seq.draft_state is None:
+            kept = self._kept.take(seq)
+            seq.draft_state = _State() if kept is None else self._resume(kept, seq.num_cached)
+        return seq.draft_state
+
+    def _resume(self, st: _State, reused: int) -> _State:
+        """The previous request's state, cut back to what its first ``reused`` tokens determine: the pair
+        at j (h_j, t_{j+1}) while j + 1 < reused, kept hidden states at positions < reused."""
+        if st.h is not None:
+            st.h = st.h[:reused - st.hpos] if reused > st.hpos else None
+        if st.slot >= 0:
+            st.fed = min(st.fed, reused - 1)
+            if st.fed <= st.off:
+                self._free(st)
+                st.slot, st.off, st.fed = -1, 0, 0
+        return st
+
+    def _free(self, st: _State) -> None:
+        if st.slot >= 0:
+            self.kv.free(st.slot)
+
     def _pending(self, seq) -> tuple[list[int], torch.Tensor, int] | None:
         """The real pairs to feed before drafting: (tokens t_{j+1}, hidden [r, H], first position j)."""
         n = len(seq.tokens) - 1
-        st = seq.draft_state = seq.draft_state or _State()
+        st = self._state(seq)
         if st.slot < 0:
             st.slot = self.kv.allocate()
             st.off = st.fed = max(0, n - PROMPT_WINDOW)
@@ -172,7 +198,7 @@ class MTPProposer(Proposer):
 
     def _collect(self, seq, h: torch.Tensor, start: int) -> None:
         """Target hidden states h [r, H] of positions start .. start + r - 1, not fed yet."""
-        st = seq.draft_state = seq.draft_state or _State()
+        st = self._state(seq)
         if st.h is not None and st.hpos + len(st.h) == start:  # steps without a proposal: keep collecting
             h, start = torch.cat([st.h, h]), st.hpos
         if len(h) > PROMPT_WINDOW:
@@ -180,8 +206,7 @@ class MTPProposer(Proposer):
         st.h, st.hpos = h, start
 
     def release(self, seq):
-        if seq.draft_state is not None and seq.draft_state.slot >= 0:
-            self.kv.free(seq.draft_state.slot)
+        self._kept.keep(seq, seq.draft_state)
         seq.draft_state = None
 
     # -- cost ----------------------------------------------------------------------------------------

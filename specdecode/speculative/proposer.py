@@ -15,12 +15,15 @@ class SeqView(Protocol):
     """What a proposer reads of a request (the engine's Sequence satisfies it). The target's KV slot
     ``slot`` holds ``tokens[:-1]``; the last token is the root of the next draft. ``draft_state`` is
     the proposer's own per-request state (None until it sets it); ``random`` the request's random
-    numbers by position (None for greedy requests)."""
+    numbers by position (None for greedy requests). ``num_cached``: the leading prompt tokens the
+    slot already held at admission (a prefix-cache hit), which the same tokens of the slot's previous
+    request put there (speculative/kept.py)."""
 
     prompt_ids: list[int]
     params: SamplingParams
     acceptance: AcceptanceEstimate
     slot: int
+    num_cached: int
     random: RandomStream | None
     draft_state: Any
 
@@ -46,7 +49,8 @@ class Proposer:
     - ``prefill(seq, start, end, hidden)`` is called after each chunk of the target's prefill (prompt
       positions start .. end - 1, ``hidden`` as in commit, for those positions): a drafter with its
       own cache ingests the prompt then (time to first token), not inside the first draft it makes.
-    - ``release(seq)`` frees per-sequence state when the sequence finishes.
+    - ``release(seq)`` frees per-sequence state when the sequence finishes (a drafter with its own
+      cache may keep it for the slot's next request instead: speculative/kept.py).
     - ``draft_cost(n_seqs)``: measured seconds per drafting unit for a batch of n_seqs (0 for free
       drafters); the draft-length controller weighs it against the target's verify cost.
     - ``depth(k)``: the positions a draft of k tokens reaches and the drafting units it costs (k for a
