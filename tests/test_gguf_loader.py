@@ -125,6 +125,26 @@ def test_auto_quant_picks_the_closest_runtime_format(tmp_path, qtype, expect):
     assert auto_quant(tmp_path / "m.gguf") == expect
 
 
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("head_type,quant,expect", [
+    (Q.Q6_K, "int4", "int4"), (Q.Q4_K, "int4", "int4"),  # a head quantized for size follows the decoder
+    (Q.Q6_K, "int8", "int8"), (Q.Q8_0, "int4", "int8"), (Q.F16, "int4", "int8"), (Q.Q8_0, "int8", "int8")])
+def test_lm_head_format_follows_the_files_head(tmp_path, tied, head_type, quant, expect):
+    """The LM head runs in the decoder's format when the file stores its head (output.weight, or the
+    tied token_embd.weight) below 8 bits, else in int8; never in fewer bits than the decoder."""
+    from specdecode.layers.quant import Int4Linear, Int8Linear
+
+    hf = hf_model("llama", dtype=torch.float64, tie_word_embeddings=tied, **K_MODEL)
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    write_gguf(hf, tmp_path / "m.gguf", lambda name: head_type if name == head else Q.Q4_K)
+    model = load_gguf_model(tmp_path / "m.gguf", torch.float32, quant=quant)
+    assert isinstance(model.lm_head, {"int4": Int4Linear, "int8": Int8Linear}[expect])
+    ref = load_gguf_model(tmp_path / "m.gguf", torch.float32)
+    x = torch.randint(0, 384, (1, 24), generator=torch.Generator().manual_seed(3))
+    agree = (our_logits(model, x).argmax(-1) == our_logits(ref, x).argmax(-1)).float().mean()
+    assert agree >= 0.9, agree
+
+
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_mixed_k_quant_logits_match_transformers(tmp_path, model_type):
     # Every tensor a different K-quant in turn, as llama.cpp's Q4_K_M mixes Q4_K and Q6_K.

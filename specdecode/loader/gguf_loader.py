@@ -20,7 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
 from ..errors import ModelFileError, UnsupportedModelError
 from ..layers.rotary import rope_inv_freq
-from ..layers.quant import nearest_format
+from ..layers.quant import FORMATS, nearest_format
 from ..models import ARCHITECTURES, build_model, find_architecture
 from ..models.config import ModelConfig, RopeScaling
 
@@ -337,6 +337,24 @@ def auto_quant(source: Source) -> str:
     return nearest_format(bits / total if total else 16)
 
 
+HEAD_INT8_BITS = 8.0  # a file storing its LM head with at least this many bits per weight keeps an int8 head
+
+
+def head_quant(source: Source, quant: str) -> str:
+    """The LM head's runtime format for a model whose decoder runs in ``quant`` (a format, not none):
+    the decoder's own when the file stores its head (``output.weight``, or the tied
+    ``token_embd.weight``) below 8 bits per weight, which a file quantized for size does (Q4_K_M:
+    Q6_K), else int8. The head is 22 % of the 1.5B's bytes per token at int8; at int4 its top-1
+    agreement with the file's float32 logits is unchanged (docs/benchmarks.md, round 12). A Q8_0 or
+    float head was kept at 8 bits or more by the file's maker (the 0.5B's: an int4 head measurably
+    lowered its acceptance as a draft), and a head never gets fewer bits than the decoder."""
+    f = _open(source)
+    info = f.tensors.get("output.weight") or f.tensors["token_embd.weight"]
+    if _BITS.get(info.qtype.name, 16) < HEAD_INT8_BITS:
+        return quant
+    return max(("int8", quant), key=lambda q: FORMATS[q].bits_per_weight)
+
+
 def file_embedding(f: GGUFFile, dtype: torch.dtype):
     """The token embedding as a FileEmbedding over the mapped ``token_embd.weight`` rows."""
     from ..layers.embedding import FileEmbedding
@@ -360,7 +378,8 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
         quant = auto_quant(f)
     skip = set()
     # a quantized model's embedding table stays in the file (see layers/embedding.py)
-    model = build_model(cfg, dtype, device, quant=quant, embedding=file_embedding(f, dtype) if quant != "none" else None)
+    model = build_model(cfg, dtype, device, quant=quant, head_quant=head_quant(f, quant) if quant != "none" else "int8",
+                        embedding=file_embedding(f, dtype) if quant != "none" else None)
     if quant != "none":
         if not cfg.tie_word_embeddings:
             skip.add("token_embd.weight")  # nothing else reads it
