@@ -160,3 +160,17 @@ for out in r11_vs_llamacpp_avx2 r11_vs_llamacpp_avx2_head; do  # (a) on 728deaf,
 done
 python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin \
   --theirs plain,ngram-simple,ngram-mod --rounds 2 --json-out out/r11_vs_llamacpp_avx512.json
+# Round 12: the drafter state kept across prefix-cache hits (against a cold twin), the LM head in int4 (A/B against
+# int8 in one process, with a null A/B), llama.cpp side by side on both instruction sets.
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_kept_state.py --spec-types eagle3,auto --limit 1 \
+  --threads $T --json-out out/r12_kept_avx2.json
+python scripts/ab_lm_head.py agree --tokens 1024
+for flags in -mno-avx512f ""; do
+  SPECDECODE_NATIVE_FLAGS=$flags python scripts/ab_lm_head.py speed --threads $T
+  SPECDECODE_NATIVE_FLAGS=$flags python scripts/ab_lm_head.py speed --threads $T --same
+done
+python scripts/quant_agreement.py --model qwen2.5-coder-1.5b-instruct --quant auto --tokens 256 --threads $T
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r12_vs_llamacpp_avx2.json
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r12_vs_llamacpp_avx512.json
