@@ -164,6 +164,7 @@ python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bi
 # int8 in one process, with a null A/B), llama.cpp side by side on both instruction sets.
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_kept_state.py --spec-types eagle3,auto --limit 1 \
   --threads $T --json-out out/r12_kept_avx2.json
+python scripts/bench_kept_state.py --spec-types eagle3,auto --limit 1 --threads $T --json-out out/r12_kept_avx512.json
 python scripts/ab_lm_head.py agree --tokens 1024
 for flags in -mno-avx512f ""; do
   SPECDECODE_NATIVE_FLAGS=$flags python scripts/ab_lm_head.py speed --threads $T
