@@ -27,13 +27,8 @@ def make_cold(llm) -> None:
     prop = llm.engine.proposer
     for m in getattr(prop, "members", [prop]):
         kept = getattr(m, "_kept", None)
-        if kept is not None:
-            def take(seq, kept=kept):
-                old = kept._kept.pop(seq.slot, None)
-                if old is not None:
-                    kept._free(old)
-                return None
-            kept.take = take
+        if kept is not None:  # keep(seq, None) frees what the slot kept and keeps nothing
+            kept.take = lambda seq, kept=kept: kept.keep(seq, None)
 
 
 def main() -> int:
