@@ -9,8 +9,11 @@ tokens, end-of-sequence ignored, no prompt caching. Our figure is ``stats.decode
 (first token to last), llama.cpp's ``timings.predicted_per_second``. llama.cpp runs one server per
 configuration (its flags differ), all started first. After one warm-up request each, every
 configuration of both engines runs on a prompt before the next prompt starts (a drift of the
-machine's speed hits both engines alike), ``--rounds`` times; a figure is the median over rounds.
-Prints a table of median tok/s (all prompts, code, other text) and, with --json-out, every figure."""
+machine's speed hits both engines alike), ``--rounds`` times, odd rounds in reverse order; a figure
+is the median over rounds. Prints a table of median tok/s (all prompts, code, other text), each
+engine's best per prompt, and per prompt the paired ratios (the median over rounds of one
+configuration over another within a round: the comparison that a drifting machine speed does not
+decide), and, with --json-out, every figure."""
 from __future__ import annotations
 
 import argparse
@@ -150,16 +153,22 @@ def _round(llms: dict, servers: dict, items, params, runs: dict, tokens: dict, r
     for _, url in servers.values():
         _theirs_one(url, [1, 2, 3, 4, 5, 6, 7, 8], 16)
     names = list(runs)
+    # odd rounds run the configurations in reverse order (ABBA over rounds): a configuration's place
+    # in the sequence (right after a fast or a slow one, in a drifting machine state) evens out
+    order = [("specdecode", c) for c in llms] + [("llama.cpp", c) for c in servers]
+    if r % 2:
+        order.reverse()
     for pid, _, ids in items:
-        for c, llm in llms.items():
-            o = llm.generate(ids, params)[0]
+        for eng, c in order:
+            if eng == "llama.cpp":
+                runs[f"llama.cpp {c}"][pid].append(_theirs_one(servers[c][1], ids, params.max_tokens))
+                continue
+            o = llms[c].generate(ids, params)[0]
             runs[f"specdecode {c}"][pid].append(o.stats["decode_tokens_per_s"])
-            if c == "none":
-                tokens[pid] = o.token_ids
-            elif o.token_ids != tokens[pid]:
-                print(f"WARNING: {c} output differs from none on {pid}", file=sys.stderr)
-        for c, (_, url) in servers.items():
-            runs[f"llama.cpp {c}"][pid].append(_theirs_one(url, ids, params.max_tokens))
+            if pid not in tokens:
+                tokens[pid] = (c, o.token_ids)
+            elif o.token_ids != tokens[pid][1]:
+                print(f"WARNING: {c} output differs from {tokens[pid][0]} on {pid}", file=sys.stderr)
         print(f"round {r} {pid}: " + ", ".join(f"{n} {runs[n][pid][-1]:.1f}" for n in names), file=sys.stderr)
 
 
@@ -187,6 +196,30 @@ def per_prompt(results: dict, items) -> str:
         (oc, ov, op), (tc, tv, tp) = best["specdecode"], best["llama.cpp"]
         plain = f"{op / tp:.2f}x" if op and tp else "-"
         lines.append(f"| {pid} | {plain} | {oc} {ov:.1f} | {tc} {tv:.1f} | {ov / tv:.2f}x |")
+    return "\n".join(lines)
+
+
+def paired(runs: dict, items) -> str:
+    """Per prompt, each of our configurations over each reference (our ``none``, every llama.cpp
+    configuration) as the median over rounds of the ratio within a round: the two ran minutes apart
+    at most, so a drift of the machine's speed between rounds cancels. The last line: the smallest
+    of those medians over the prompts, and on how many prompts the median is >= 1."""
+    ours_ = [n for n in runs if n.startswith("specdecode ")]
+    refs = [n for n in runs if n == "specdecode none" or n.startswith("llama.cpp ")]
+    pairs = [(a, b) for a in ours_ for b in refs if a != b]
+    short = lambda n: n.replace("specdecode ", "").replace("llama.cpp ", "lcpp ")
+    lines = ["| prompt | " + " | ".join(f"{short(a)} / {short(b)}" for a, b in pairs) + " |",
+             "|---|" + "---:|" * len(pairs)]
+    meds = {p: [] for p in pairs}
+    for pid, _, _ in items:
+        cells = []
+        for a, b in pairs:
+            m = statistics.median(x / y for x, y in zip(runs[a][pid], runs[b][pid]))
+            meds[(a, b)].append(m)
+            cells.append(f"{m:.2f}")
+        lines.append(f"| {pid} | " + " | ".join(cells) + " |")
+    lines.append("| min (>= 1) | " + " | ".join(f"{min(v):.2f} ({sum(x >= 1 for x in v)}/{len(v)})"
+                                                for v in meds.values()) + " |")
     return "\n".join(lines)
 
 
@@ -222,6 +255,8 @@ def main() -> int:
     print(table(results, items))
     print()
     print(per_prompt(results, items))
+    print()
+    print(paired(runs, items))
     if a.json_out:
         Path(a.json_out).parent.mkdir(parents=True, exist_ok=True)
         with open(a.json_out, "w") as f:
