@@ -51,6 +51,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--stream", action="store_true", help="a whole model's matrices from DRAM instead of one hot matrix")
     ap.add_argument("--int4-only", action="store_true", help="leave the int8 matrix out")
+    ap.add_argument("--rows", help="comma-separated activation row counts (default: 1,5,9 streamed, 1,2,3,5,9 cache-hot)")
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
@@ -65,6 +66,8 @@ def main() -> int:
         mats = [int4_matrix(1536, 1536)]
         head, hscale, hn, rows, passes, calls = torch.randint(0, 256, (1024, 1536), dtype=torch.uint8), \
             torch.rand(1024), 1024, (1, 2, 3, 5, 9), 9, 1000
+    if a.rows:
+        rows = tuple(int(x) for x in a.rows.split(","))
     for r in rows:
         xs = {k: torch.randn(r, k) for k in {k for _, k, _, _ in mats}}
 
