@@ -177,7 +177,8 @@ python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bi
   --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r12_vs_llamacpp_avx512.json
 
 # Round 13: llama.cpp side by side with paired ratios (four rounds, odd ones in reverse order) on both
-# instruction sets; Spec-Bench refreshed (auto against none, two turns); the runtime curve on both bodies.
+# instruction sets; Spec-Bench refreshed (auto against none, two turns); the runtime curve and the server's
+# scaling with concurrency on both bodies.
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
   --ours none,auto --theirs plain,ngram-mod --rounds 4 --json-out out/r13_vs_llamacpp_avx2.json
 python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin \
@@ -186,4 +187,8 @@ specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --json-out o
 python scripts/spec_bench_categories.py out/r13_greedy.json
 for flags in -mno-avx512f ""; do
   SPECDECODE_NATIVE_FLAGS=$flags python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64
+done
+for flags in "" -mno-avx512f; do
+  SPECDECODE_NATIVE_FLAGS=$flags specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8
 done
