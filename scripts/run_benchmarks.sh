@@ -192,3 +192,5 @@ for flags in "" -mno-avx512f; do
   SPECDECODE_NATIVE_FLAGS=$flags specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
     --max-tokens 96 --max-num-seqs 8
 done
+specdecode bench-serve -t $T --spec-types none --concurrency 1 --category writing --category qa --limit 3 --max-tokens 96
+specdecode bench -t $T --spec-types none --category writing --category qa --limit 3 --max-tokens 96
