@@ -194,3 +194,5 @@ for flags in "" -mno-avx512f; do
 done
 specdecode bench-serve -t $T --spec-types none --concurrency 1 --category writing --category qa --limit 3 --max-tokens 96
 specdecode bench -t $T --spec-types none --category writing --category qa --limit 3 --max-tokens 96
+# Round 14: the error our int4 requantization adds to the file's Q4_K / Q6_K values (deterministic).
+python scripts/q4k_requant_error.py
