@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .quant.formats import quantize_int8
+from .quant.formats import Int4Rows, quantize_int8
 
 
 class Int8Embedding(nn.Module):
@@ -38,9 +38,9 @@ class Int8Embedding(nn.Module):
         self._rows = head.int8_rows
 
     @torch.no_grad()
-    def load_rows(self, offset: int, rows: torch.Tensor) -> None:
+    def load_rows(self, offset: int, rows: torch.Tensor | Int4Rows) -> None:
         """rows [n, dim] float -> int8 rows [offset, offset + n), symmetric per row (error <= scale/2)."""
-        q, scale = quantize_int8(rows.float())
+        q, scale = quantize_int8(rows.dense() if isinstance(rows, Int4Rows) else rows.float())
         self.qweight[offset:offset + len(rows)] = q
         self.scales[offset:offset + len(rows)] = scale
 

@@ -20,7 +20,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 
 from ..errors import ModelFileError, UnsupportedModelError
 from ..layers.rotary import rope_inv_freq
-from ..layers.quant import FORMATS, nearest_format
+from ..layers.quant import FORMATS, Int4Rows, nearest_format
 from ..models import ARCHITECTURES, build_model, find_architecture
 from ..models.config import ModelConfig, RopeScaling
 
@@ -285,13 +285,49 @@ def dequantize_tensor(info: GGUFTensorInfo, raw: np.ndarray, dtype: torch.dtype,
     return out.reshape(info.shape if shape is None else shape)
 
 
+def _nibbles(qs: np.ndarray, n_blocks: int, run: int) -> np.ndarray:
+    """uint8 [n_blocks, bytes] -> codes uint8 [n_blocks, 2 * bytes]: each run of ``run`` bytes holds
+    ``run`` elements in its low nibbles, then the next ``run`` in its high nibbles (ggml's order)."""
+    q = qs.reshape(n_blocks, -1, 1, run) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (q & np.uint8(15)).reshape(n_blocks, -1)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return b.view(np.float16).astype(np.float32)  # uint8 [n, 2] -> float32 [n, 1]
+
+
+def int4_rows(info: GGUFTensorInfo, raw: np.ndarray, shape) -> Int4Rows | None:
+    """The rows of a Q4_0, Q4_1 or Q4_K matrix in the int4 format, decoded from the blocks without
+    rounding: w = (q - 8) * scale + zero per 32 inputs, with (scale, zero) = (d, 0) for Q4_0, (d, 8d + m)
+    for Q4_1 and (d * sc, 8 d sc - dmin * m) for each Q4_K sub-block. None for other types."""
+    name = info.qtype.name
+    if name not in ("Q4_0", "Q4_1", "Q4_K") or len(shape) != 2:
+        return None
+    block, type_size = GGML_QUANT_SIZES[info.qtype]
+    b = raw.reshape(-1, type_size)  # [n_blocks, type_size]
+    n = b.shape[0]
+    if name == "Q4_K":  # d, dmin (f16), 12 bytes of 6-bit (sc, m) for 8 sub-blocks, 128 bytes of codes
+        sc, m = gguf.quants.Q4_K.get_scale_min(b[:, 4:16])  # uint8 [n, 8] each
+        scale = _f16(b[:, 0:2]) * sc.astype(np.float32)
+        zero = 8 * scale - _f16(b[:, 2:4]) * m.astype(np.float32)
+        codes = _nibbles(b[:, 16:], n, 32)
+    else:  # d (f16), for Q4_1 m (f16), then 16 bytes of codes
+        scale = _f16(b[:, 0:2])
+        zero = np.zeros_like(scale) if name == "Q4_0" else 8 * scale + _f16(b[:, 2:4])
+        codes = _nibbles(b[:, type_size - 16:], n, 16)
+    rows = shape[0]
+    return Int4Rows(torch.from_numpy(codes).reshape(rows, -1), torch.from_numpy(scale).reshape(rows, -1),
+                    torch.from_numpy(zero).reshape(rows, -1))
+
+
 def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32, cfg: ModelConfig | None = None,
-                      chunk_elements: int | None = None, skip: set[str] = frozenset()
-                      ) -> Iterator[tuple[str, torch.Tensor, int]]:
+                      chunk_elements: int | None = None, skip: set[str] = frozenset(), int4: bool = False
+                      ) -> Iterator[tuple[str, torch.Tensor | Int4Rows, int]]:
     """(HF name, rows [n, in] in dtype, first row) one at a time, q/k rows un-permuted for llama.
     With ``chunk_elements``, large tensors arrive as several row ranges, so a quantizing loader never
     holds one whole float copy of the embedding or LM head. Tensor types are checked on the call,
-    before the caller has allocated or loaded anything. ``skip``: llama.cpp names not to deliver."""
+    before the caller has allocated or loaded anything. ``skip``: llama.cpp names not to deliver.
+    ``int4``: matrices stored in a 4-bit type of the int4 format (``int4_rows``) arrive as Int4Rows."""
     f = _open(source)
     cfg = cfg or read_gguf_config(f)
     for info in f.tensors.values():
@@ -310,8 +346,13 @@ def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32, cfg: M
             for r0 in range(0, rows, step):
                 r1 = min(rows, r0 + step)
                 shape = (r1 - r0, *info.shape[1:]) if len(info.shape) > 1 else info.shape
-                t = dequantize_tensor(info, raw[r0:r1], dtype, shape)
-                yield name, (unpermute_rows(t, heads) if heads else t), r0
+                t = int4_rows(info, raw[r0:r1], shape) if int4 else None
+                if t is None:
+                    t = dequantize_tensor(info, raw[r0:r1], dtype, shape)
+                if heads:
+                    t = t.map_rows(lambda x: unpermute_rows(x, heads)) if isinstance(t, Int4Rows) \
+                        else unpermute_rows(t, heads)
+                yield name, t, r0
             del raw, t  # float32 tensors of F32 files are views on the mapping: drop them first
             f.release(info)
     return tensors()
@@ -383,6 +424,8 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
     if quant != "none":
         if not cfg.tie_word_embeddings:
             skip.add("token_embd.weight")  # nothing else reads it
-    weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None, skip=skip)
+    # int4 layers take the file's own 4-bit codes and scales; every other consumer dequantizes them
+    weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None, skip=skip,
+                                int4=quant != "none")
     model.load_weights(weights)
     return model

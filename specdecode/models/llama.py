@@ -15,6 +15,7 @@ from ..layers.attention import Attention
 from ..layers.linear import make_linear
 from ..layers.mlp import SwiGLU
 from ..layers.norm import RMSNorm
+from ..layers.quant import Int4Rows
 from ..layers.rotary import RotaryEmbedding
 from .config import Architecture, ModelConfig
 from .llama_native import NativeForward
@@ -107,7 +108,8 @@ class LlamaModel(nn.Module):
         """Copies tensors named as in a Hugging Face checkpoint (``model.layers.0.self_attn.q_proj.weight``,
         ``lm_head.weight``...) into this model, packing q/k/v and gate/up. Items are (name, tensor) or
         (name, rows, first_row) for a checkpoint read in row ranges. Quantized layers (``load_rows``)
-        quantize what they receive. Raises on a missing tensor."""
+        quantize what they receive; rows may also arrive already in the int4 format (Int4Rows), which
+        float parameters dequantize. Raises on a missing tensor."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
         rows_seen: dict[str, int] = {}
@@ -156,6 +158,8 @@ class LlamaModel(nn.Module):
                 mod.load_rows(offset, tensor)
             elif target in params:
                 p = params[target]
+                if isinstance(tensor, Int4Rows):  # a float parameter (e.g. a tied embedding)
+                    tensor = tensor.dense(p.dtype)
                 if p.dim() == 0 or (shard is None and row0 == 0 and tensor.numel() == p.numel()):
                     p.copy_(tensor.reshape(p.shape))
                 else:

@@ -8,11 +8,11 @@ import importlib
 import pkgutil
 
 from .base import QuantFormat, QuantLinear
-from .formats import dequantize_int4, quantize_int4, quantize_int8
+from .formats import Int4Rows, dequantize_int4, quantize_int4, quantize_int8
 from .int4 import Int4Linear
 from .int8 import Int8Linear
 
-__all__ = ["FORMATS", "QuantFormat", "QuantLinear", "Int4Linear", "Int8Linear", "device_kernel", "format_names",
+__all__ = ["FORMATS", "Int4Rows", "QuantFormat", "QuantLinear", "Int4Linear", "Int8Linear", "device_kernel", "format_names",
            "nearest_format", "quantize_int4", "quantize_int8", "dequantize_int4"]
 FLOAT_BITS = 16.0  # "none": the float weights of a GGUF file run in their float dtype (f16 / bf16 at best)
 

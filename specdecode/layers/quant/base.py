@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ...kernels import native_kernels
+from .formats import Int4Rows
 
 _STEP_ELEMENTS = 1 << 22
 
@@ -125,24 +126,36 @@ class QuantLinear(nn.Module):
         return layer
 
     @torch.no_grad()
-    def load_rows(self, offset: int, rows: torch.Tensor) -> None:
-        """Quantizes rows [n, in] of the float weight into output rows [offset, offset + n)."""
+    def load_rows(self, offset: int, rows: torch.Tensor | Int4Rows) -> None:
+        """Quantizes rows [n, in] of the float weight into output rows [offset, offset + n). Rows already
+        in the int4 format (Int4Rows) are stored as they are where ``takes_int4`` says so, else
+        dequantized first."""
         n = rows.shape[0]
         if rows.dim() != 2 or rows.shape[1] != self.in_features or offset < 0 or offset + n > self.out_features:
             raise ValueError(f"rows {tuple(rows.shape)} at offset {offset} do not fit a "
                              f"[{self.out_features}, {self.in_features}] weight")
+        if isinstance(rows, Int4Rows) and not self.takes_int4(rows):
+            rows = rows.dense()
         step = max(64, _STEP_ELEMENTS // self.in_features // 64 * 64)
+        dev = self._weight_device()
         start = offset
         while start < offset + n:
             end = min(offset + n, (start // step + 1) * step)  # absolute boundaries: multiples of 64
-            self._load_step(start, rows[start - offset:end - offset].to(self._weight_device(), torch.float32))
+            part = rows[start - offset:end - offset]
+            self._load_step(start, part.map_rows(lambda t: t.to(dev)) if isinstance(part, Int4Rows)
+                            else part.to(dev, torch.float32))
             start = end
+
+    def takes_int4(self, rows: Int4Rows) -> bool:
+        """Whether ``_load_step`` stores these int4 rows without requantizing them."""
+        return False
 
     def _weight_device(self) -> torch.device:
         """The device of the quantized weight; raises where the format has no kernel."""
         raise NotImplementedError
 
-    def _load_step(self, start: int, w: torch.Tensor) -> None:
+    def _load_step(self, start: int, w: torch.Tensor | Int4Rows) -> None:
+        """Stores rows [start, start + len(w)): float32 rows, or Int4Rows where takes_int4 accepted them."""
         raise NotImplementedError
 
     def _finish(self, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,9 @@
 results, the tests check them against their error bounds."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 
 
@@ -45,6 +48,42 @@ def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor
     n, k = codes.shape
     g = codes.reshape(n, scale.shape[1], -1).float().sub_(8)
     return (g * scale[..., None] + zero[..., None]).reshape(n, k)
+
+
+@dataclass(frozen=True)
+class Int4Rows:
+    """Rows of a weight that a checkpoint already stores in the int4 format, w = (codes - 8) * scale +
+    zero per group of inputs (GGUF's Q4_0, Q4_1 and Q4_K sub-blocks of 32 are exactly this). Loading
+    them as they are keeps the file's own rounding: dequantizing and quantizing again with
+    quantize_int4's min/max grid would add a second rounding as large as the first.
+
+    codes uint8 [n, in] in 0..15; scale, zero float32 [n, in / group_size]."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    @property
+    def group_size(self) -> int:
+        return self.codes.shape[1] // self.scale.shape[1]
+
+    def dim(self) -> int:
+        return 2
+
+    def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Int4Rows":
+        """fn applied to the rows of all three tensors alike (a slice, a permutation, a device move)."""
+        return Int4Rows(fn(self.codes), fn(self.scale), fn(self.zero))
+
+    def __getitem__(self, rows: slice) -> "Int4Rows":
+        return self.map_rows(lambda t: t[rows])
+
+    def dense(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """-> [n, in] in dtype, the weight these rows stand for."""
+        return dequantize_int4(self.codes, self.scale, self.zero).to(dtype)
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:

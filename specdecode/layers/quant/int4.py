@@ -7,7 +7,7 @@ from torch import nn
 
 from ...kernels import TILE, pack_int4
 from .base import QuantFormat, QuantLinear, _compute_dtype, _kernel_input, _native_kernels
-from .formats import pack_nibbles, quantize_int4, unpack_nibbles
+from .formats import Int4Rows, pack_nibbles, quantize_int4, unpack_nibbles
 
 GROUP = 32  # GGUF Q4_K sub-block size: 4x finer scales than 128, for ~5-12% more time per GEMV (measured)
 
@@ -62,9 +62,18 @@ class Int4Linear(QuantLinear):
                                           f"use kernel='dequant'")
         return dev
 
-    def _load_step(self, start: int, w: torch.Tensor) -> None:
-        codes, scale, zero = quantize_int4(w, self.group_size,
-                                           torch.float16 if self._native is not None else torch.bfloat16)
+    def takes_int4(self, rows: Int4Rows) -> bool:
+        return rows.group_size == self.group_size
+
+    def _load_step(self, start: int, w: torch.Tensor | Int4Rows) -> None:
+        if isinstance(w, Int4Rows):
+            codes, scale, zero = w.codes, w.scale, w.zero
+            dt = torch.float16 if self._native is not None else torch.bfloat16
+            if not (torch.isfinite(scale.to(dt)).all() and torch.isfinite(zero.to(dt)).all()):
+                raise ValueError(f"int4 rows: scales beyond the {dt} range of the format")
+        else:
+            codes, scale, zero = quantize_int4(w, self.group_size,
+                                               torch.float16 if self._native is not None else torch.bfloat16)
         if self._native is not None:
             self._store_scales(start, scale, zero)
         else:
