@@ -3,8 +3,9 @@ arithmetic, for both instruction-set bodies this machine can run (AVX512-VNNI an
 import pytest
 import torch
 
-from specdecode.kernels import TILE, load_native_kernels, native_kernels, pack_int4, pack_int8
-from specdecode.layers.quant import quantize_int4
+from specdecode.kernels import (TILE, int4_scale_buffers, load_native_kernels, native_kernels, pack_int4, pack_int8,
+                                store_int4_scales)
+from specdecode.layers.quant.formats import dequantize_int4_super, quantize_int4_super, super_groups
 
 pytestmark = pytest.mark.skipif(native_kernels() is None, reason="native int4 kernel not buildable here")
 
@@ -24,42 +25,71 @@ def kernel(request):
     return k
 
 
-def tiles(values: torch.Tensor) -> torch.Tensor:
-    """float [N, G] -> half bits int16 [N / 16, G, 16] (the kernel's scale/zero layout)."""
-    n, g = values.shape
-    return values.half().reshape(n // TILE, TILE, g).transpose(1, 2).contiguous().view(torch.int16)
+def scales(n: int, d, sc, dm, m):
+    """quantize_int4_super's (d, sc, dm, m) of an [n, G] weight -> the kernel's (sub, sup) buffers."""
+    sub, sup = int4_scale_buffers(n, sc.shape[1], d.shape[1])
+    store_int4_scales(sub, sup, 0, d, sc, dm, m)
+    return sub, sup
 
 
-def exact_reference(x, codes, scale, zero, group_size):
-    """The kernel's arithmetic in float64: int8 activations per group, integer dot products."""
+def exact_reference(x, codes, d, sc, dm, m, group_size):
+    """The kernel's arithmetic in float64: int8 activations per group, integer dot products, the group
+    scale d sc and minimum dm m as float32 products of the stored values."""
     r, k = x.shape
     xg = x.reshape(r, k // group_size, group_size)
     amax = xg.abs().amax(-1)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))  # float32, as in C
     xq = torch.round(xg * inv[..., None]).double()  # round half to even, as lrintf
     dots = torch.einsum("rgk,ngk->rng", xq, codes.reshape(len(codes), k // group_size, group_size).double())
-    s, z = scale.double(), zero.double()
-    return (dots * (amax.double() / 127)[:, None, :] * s[None] + (z - 8 * s)[None] * xg.double().sum(-1)[:, None, :]).sum(-1)
+    S = sc.shape[1] // d.shape[1]
+    s = (d.half().float().repeat_interleave(S, 1) * sc.float()).double()
+    z = (dm.half().float().repeat_interleave(S, 1) * m.float()).double()
+    return (dots * (amax.double() / 127)[:, None, :] * s[None] + z[None] * xg.double().sum(-1)[:, None, :]).sum(-1)
 
 
-@pytest.mark.parametrize("group_size", [32, 64, 128])
-def test_kernel_equals_its_exact_arithmetic(kernel, group_size):
+@pytest.mark.parametrize("group_size,k", [(32, 512), (64, 512), (128, 512), (32, 224)])
+def test_kernel_equals_its_exact_arithmetic(kernel, group_size, k):
+    # k = 224: 7 groups of 32 in one super-block of 7 (super_groups), as hidden 896 of the 0.5B
     torch.manual_seed(0)
-    n, k = 96, 512
+    n = 96
     w = torch.randn(n, k) * 0.05
-    w[5] = 0  # all-zero row: smallest half scale, codes 8
-    w[6] += 3  # large zero point
-    codes, scale, zero = quantize_int4(w, group_size, torch.float16)
+    w[5] = 0  # all-zero row: smallest half scale, codes 0
+    w[6] += 3  # large minimum
+    w[7] -= 3  # negative minimum
+    codes, d, sc, dm, m = quantize_int4_super(w, group_size)
     packed = pack_int4(codes, group_size)
+    sub, sup = scales(n, d, sc, dm, m)
     for rows in (1, 2, 7, 8, 9, 19):  # every remainder path of the 8-row passes
         x = torch.randn(rows, k)
         x[0, :group_size] = 0  # an all-zero activation group (scale 0)
-        y = kernel.int4_gemm(x, packed, torch.stack([tiles(scale), tiles(zero)]), n, group_size)
-        ref = exact_reference(x, codes, scale, zero, group_size)
+        y = kernel.int4_gemm(x, packed, sub, sup, n, group_size)
+        ref = exact_reference(x, codes, d, sc, dm, m, group_size)
         # Left: float32 rounding of a few products and sums per group (|terms| <= ~3 |ref| scale).
-        scale_of = (x.double().abs() @ (codes.double() * scale.double().repeat_interleave(group_size, 1)
-                                         + (zero - 8 * scale).double().abs().repeat_interleave(group_size, 1)).T)
+        w_abs = dequantize_int4_super(codes, d, sc, dm, m).abs().double() + \
+            (dm.repeat_interleave(sc.shape[1] // d.shape[1], 1) * m.float()).abs().double().repeat_interleave(group_size, 1)
+        scale_of = x.double().abs() @ w_abs.T
         assert ((y.double() - ref).abs() <= 2 ** -18 * scale_of + 1e-12).all()
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+def test_super_quantization_covers_each_group_within_half_a_step(group_size):
+    """Every weight is within half its group's step d sc of its level, and the step exceeds the
+    group's own (hi - lo) / 15 by at most the rounding of the minimum and of d."""
+    torch.manual_seed(3)
+    w = torch.randn(32, 1024) * 0.05
+    w[1] += 1  # a row far from zero
+    w[2, :256] = 0  # an all-zero super-block
+    codes, d, sc, dm, m = quantize_int4_super(w, group_size)
+    S = super_groups(1024 // group_size)
+    assert d.shape == (32, 1024 // group_size // S) and sc.dtype == torch.uint8 and m.dtype == torch.int8
+    step = (d.repeat_interleave(S, 1) * sc.float()).repeat_interleave(group_size, 1)
+    err = (dequantize_int4_super(codes, d, sc, dm, m) - w).abs()
+    assert (err <= step / 2 * (1 + 1e-5) + 1e-12).all()
+    g = w.reshape(32, -1, group_size)
+    span = (g.amax(-1) - g.amin(-1)) / 15
+    bound = span + dm.repeat_interleave(S, 1) / 15 + d.repeat_interleave(S, 1)
+    assert (d.repeat_interleave(S, 1) * sc.float() <= bound * (1 + 1e-5)).all()
+    assert torch.equal(dequantize_int4_super(codes, d, sc, dm, m)[2, :256], torch.zeros(256))
 
 
 @pytest.mark.parametrize("group_size", [32, 64])
@@ -69,14 +99,18 @@ def test_extreme_codes_and_activations_do_not_overflow(kernel, group_size):
     # in int16: 8 * 2 * 15 * 127 = 30480, just below 32767). Rows 1 to 10 cover every row block of
     # both bodies.
     n, k = 32, 256
+    G = k // group_size
     codes = torch.full((n, k), 15, dtype=torch.uint8)
-    scale, zero = torch.ones(n, k // group_size), torch.zeros(n, k // group_size)
-    packed, qp = pack_int4(codes, group_size), torch.stack([tiles(scale), tiles(zero)])
+    ones = torch.ones(n, G // super_groups(G))
+    sub, sup = scales(n, ones, torch.full((n, G), 255, dtype=torch.uint8), ones,
+                      torch.full((n, G), -127, dtype=torch.int8))
+    packed = pack_int4(codes, group_size)
     for rows in range(1, 11):
         x = torch.ones(rows, k)
         x[1::2] = -1  # odd rows at -127
-        y = kernel.int4_gemm(x, packed, qp, n, group_size)
-        expected = torch.where(x[:, :1] > 0, 7.0 * k, -7.0 * k).expand(rows, n)  # (15 - 8) * sum(x)
+        y = kernel.int4_gemm(x, packed, sub, sup, n, group_size)
+        w = 15 * 255 - 127  # every weight: code * d * sc + dm * m
+        expected = torch.where(x[:, :1] > 0, float(w * k), float(-w * k)).expand(rows, n)
         assert torch.equal(y, expected), rows
 
 def test_int8_kernel_equals_its_exact_arithmetic(kernel):

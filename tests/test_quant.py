@@ -5,6 +5,7 @@ import torch
 
 from specdecode.kernels import native_kernels
 from specdecode.layers.quant import Int4Linear, Int8Linear, dequantize_int4, quantize_int4, quantize_int8
+from specdecode.layers.quant.formats import quantize_int4_super
 
 # Both int4 packings run here where the native kernel builds (it needs a C compiler and AVX2).
 INT4_KERNELS = ["torch", pytest.param("native", marks=pytest.mark.skipif(
@@ -108,7 +109,13 @@ def test_forward_matches_dequantized_reference(make, bias):
     w = weight(368, 512)  # 368 = 5 full 64-row pack blocks + a 48-row tail
     b = torch.randn(368) if bias else None
     layer, group_size, param_dtype = make(w, b)
-    params = None if group_size is None else quantize_int4(w, group_size, param_dtype)
+    if param_dtype == torch.float16:  # native: sub-scales under super-scales, as (scale, zero) per group
+        codes, d, sc, dm, m = quantize_int4_super(w, group_size)
+        S = sc.shape[1] // d.shape[1]
+        scale = d.repeat_interleave(S, 1) * sc.float()
+        params = (codes, scale, dm.repeat_interleave(S, 1) * m.float() + 8 * scale)
+    else:
+        params = None if group_size is None else quantize_int4(w, group_size, param_dtype)
     w_deq = layer.dequantize() if group_size is None else dequantize_int4(*params)
     for rows in (1, 3, 5, 9, 17):  # 17: two full 8-row passes of the native kernel + a remainder
         x = torch.randn(2, rows, 512)
@@ -155,14 +162,15 @@ def test_shard_by_shard_loading_equals_one_load(cls, kwargs):
 
 @pytest.mark.parametrize("kernel", INT4_KERNELS)
 def test_int4_params_survive_module_dtype_casts(kernel):
-    # The kernels need bf16 / fp16 scales and zeros; they are stored as int16 bits so that
-    # model.to(dtype) (which build_model does) cannot convert them.
+    # The kernels need bf16 / fp16 scales and zeros (natively: uint8 sub-scales and fp16 super-scales);
+    # they are stored in integer dtypes so that model.to(dtype) (which build_model does) cannot convert them.
     layer = Int4Linear.from_float(weight(64, 128), group_size=32, kernel=kernel)
     x = torch.randn(3, 128)
     y = layer(x)
     for dtype in (torch.float64, torch.float16, torch.float32):
         layer = layer.to(dtype)
-        assert layer.qparams.dtype == torch.int16
+        assert layer.qparams.dtype == (torch.uint8 if kernel == "native" else torch.int16)
+        assert layer.qsuper is None if kernel != "native" else layer.qsuper.dtype == torch.int16
     assert torch.equal(layer(x), y)
 
 

@@ -85,10 +85,10 @@ class NativeKernels:
     lib: ctypes.CDLL
     isa: str
 
-    def int4_gemm(self, x: torch.Tensor, packed: torch.Tensor, qparams: torch.Tensor, n: int,
+    def int4_gemm(self, x: torch.Tensor, packed: torch.Tensor, sub: torch.Tensor, sup: torch.Tensor, n: int,
                   group_size: int) -> torch.Tensor:
-        """packed uint8 [N, K / 2] (pack_int4); qparams int16 [2, N / 16, K / gs, 16]: half bits of
-        scale, then of zero."""
+        """packed uint8 [N, K / 2] (pack_int4); sub uint8 [N / 16, K / gs, 2, 16] and sup int16
+        [N / 16, K / (gs S), 2, 16], contiguous (store_int4_scales)."""
         r, k = x.shape
         y = torch.empty(r, n)
         # one scratch allocation per call (a decode step makes ~100 of these calls): xq int8 [R, K],
@@ -96,10 +96,9 @@ class NativeKernels:
         g = r * (k // group_size)
         scratch = torch.empty(r * k // 4 + 2 * g)
         xq = scratch.data_ptr()
-        scale = qparams.data_ptr()
-        self.lib.specdecode_int4_gemm(x.data_ptr(), r, k, n, group_size, packed.data_ptr(), scale,
-                                      scale + qparams.numel(),  # int16: numel / 2 entries * 2 bytes
-                                      y.data_ptr(), xq, xq + r * k, xq + r * k + 4 * g, torch.get_num_threads())
+        self.lib.specdecode_int4_gemm(x.data_ptr(), r, k, n, group_size, packed.data_ptr(), sub.data_ptr(),
+                                      sup.data_ptr(), y.data_ptr(), xq, xq + r * k, xq + r * k + 4 * g,
+                                      torch.get_num_threads())
         return y
 
     def int8_gemm(self, x: torch.Tensor, packed: torch.Tensor, wscale: torch.Tensor, n: int) -> torch.Tensor:
@@ -222,6 +221,25 @@ def pack_int4(codes: torch.Tensor, group_size: int) -> torch.Tensor:
     v = v.to(torch.uint8)
     packed = v[..., 0] | (v[..., 1] << 4)
     return packed.reshape(n, k // 2)
+
+
+def int4_scale_buffers(n: int, groups: int, supers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty (sub uint8 [N / 16, G, 2, 16], sup int16 [N / 16, B, 2, 16]) for quant_gemm.c's int4
+    scales of an [N, G groups] weight in B super-blocks."""
+    return (torch.zeros(n // TILE, groups, 2, TILE, dtype=torch.uint8),
+            torch.zeros(n // TILE, supers, 2, TILE, dtype=torch.int16))
+
+
+def store_int4_scales(sub: torch.Tensor, sup: torch.Tensor, start: int, d: torch.Tensor, sc: torch.Tensor,
+                      dm: torch.Tensor, m: torch.Tensor) -> None:
+    """Rows [start, start + n) of quantize_int4_super's (d, sc, dm, m) into their tiles' lanes: sc and
+    m (int8 bits) as sub[tile, g, 0 / 1, lane], d and dm as half bits in sup[tile, b, 0 / 1, lane]."""
+    rows = torch.arange(start, start + len(sc))
+    t, lane = rows // TILE, rows % TILE
+    sub[t, :, 0, lane] = sc.to(torch.uint8)
+    sub[t, :, 1, lane] = m.to(torch.int8).view(torch.uint8)
+    sup[t, :, 0, lane] = d.to(torch.float16).view(torch.int16)
+    sup[t, :, 1, lane] = dm.to(torch.float16).view(torch.int16)
 
 
 def pack_int8(q: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@
 
 #include "simd.h"
 
-void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uint8_t *w, const uint16_t *s,
-                          const uint16_t *z, float *y, int8_t *xq, float *sx, float *xsum, int threads);
+void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uint8_t *w, const uint8_t *sub,
+                          const uint16_t *sup, float *y, int8_t *xq, float *sx, float *xsum, int threads);
 void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w, const float *ws, float *y,
                           int8_t *xq, float *sx, float *xsum, float *xqsum, float *corr, int threads);
 void specdecode_rmsnorm(const float *x, const float *w, float *y, int R, int D, float eps);
@@ -34,8 +34,8 @@ typedef struct {
     int32_t kind;          /* 4: int4, 8: int8, in quant_gemm.c's packed formats */
     int32_t K, N, gs;      /* in features, out features, int4 group size */
     const uint8_t *w;      /* packed codes */
-    const void *s;         /* int4: uint16 half bits of scale [N/16, K/gs, 16]; int8: float wscale [N] */
-    const uint16_t *z;     /* int4: half bits of zero (same shape); int8: unused */
+    const void *s;         /* int4: uint8 sub-scales [N/16, K/gs, 2, 16]; int8: float wscale [N] */
+    const uint16_t *z;     /* int4: half bits of the super-scales [N/16, K/(gs S), 2, 16]; int8: unused */
     const float *bias;     /* [N] or NULL */
 } sd_linear;
 
@@ -71,7 +71,7 @@ static void linear(const sd_linear *l, const float *x, int R, float *y, char *sc
     float *f = (float *)(scratch + up64((size_t)R * l->K));
     if (l->kind == 4) {
         const size_t g = (size_t)R * (l->K / l->gs);
-        specdecode_int4_gemm(x, R, l->K, l->N, l->gs, l->w, (const uint16_t *)l->s, l->z, y, xq, f, f + g, threads);
+        specdecode_int4_gemm(x, R, l->K, l->N, l->gs, l->w, (const uint8_t *)l->s, l->z, y, xq, f, f + g, threads);
     } else {
         const size_t g = (size_t)R * (l->K / 32);
         specdecode_int8_gemm(x, R, l->K, l->N, l->w, (const float *)l->s, y, xq, f, f + g, f + 2 * g, f + 3 * g,

@@ -33,8 +33,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 def linear_operands(kind: int, in_features: int, out_features: int, group_size: int, qweight: torch.Tensor,
                     scales: torch.Tensor, zeros: torch.Tensor | None, bias: torch.Tensor | None) -> SdLinear:
-    """kind 4: qweight / scales / zeros as Int4Linear's native packing (scales, zeros: the two halves of
-    its qparams); kind 8: qweight and float32 scales [N] as Int8Linear's."""
+    """kind 4: qweight / scales / zeros as Int4Linear's native packing (scales, zeros: its uint8
+    sub-scales qparams and int16 super-scales qsuper); kind 8: qweight and float32 scales [N] as Int8Linear's."""
     for t in (qweight, scales, zeros, bias):
         assert t is None or (t.is_contiguous() and t.device.type == "cpu")
     return SdLinear(kind, in_features, out_features, group_size, _ptr(qweight), _ptr(scales), _ptr(zeros),

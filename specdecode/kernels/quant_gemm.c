@@ -9,19 +9,25 @@
  * and each row adds ~1 instruction per 64 multiply-adds. Decode becomes bandwidth-bound and a verify
  * of up to 10 rows (8 on AVX2) reads the weights once.
  *
- * int4 weight format (packed by specdecode/kernels/__init__.py:pack_int4): codes c in 0..15 with
- *   w[n, k] = (c[n, k] - 8) * scale[n, g] + zero[n, g],   g = k / gs
- * (the format of layers/quant.py:quantize_int4), scale and zero stored as IEEE half.
+ * int4 weight format (packed by specdecode/kernels/__init__.py:pack_int4 and Int4Linear): codes c in
+ * 0..15, and per group g = k / gs an 8-bit sub-scale sc and sub-minimum m under 16-bit super-scales
+ * d and dm shared by the S groups of a super-block (b = g / S; S = super_groups(K / gs) below):
+ *   w[n, k] = c[n, k] * d[n, b] * sc[n, g]  +  dm[n, b] * m[n, g]      (sc uint8, m int8)
+ * GGUF's Q4_K is this with S = 8 (6-bit sc and m, dm = -dmin), so its blocks load without rounding.
+ * Per 32 weights: 16 bytes of codes, 2 of sub-scales, 0.5 of super-scales: 4.625 bits per weight
+ * (a half scale and zero per group: 5.0).
  * Outputs come in tiles of 16 rows (n = 16 t + l). Within tile t and group g the 16 x gs codes fill
  * gs / 8 chunks of 64 bytes; byte 4 l + b of chunk j holds
  *   low nibble:  c[16 t + l, g gs + 8 j + b]      high nibble: c[16 t + l, g gs + 8 j + 4 + b]
  * so one 64-byte load gives, per nibble half, 4 consecutive codes of each of the 16 rows: exactly
  * the operand of one vpdpbusd against 4 activation bytes broadcast to all lanes.
- *   packed: uint8  [N/16, K/gs, gs/8, 64]      scale, zero: uint16 (half bits) [N/16, K/gs, 16]
+ *   packed: uint8 [N/16, K/gs, gs/8, 64]
+ *   sub:    uint8 [N/16, K/gs, 2, 16]   (sc of the 16 lanes, then m as int8)
+ *   sup:    uint16 (half bits) [N/16, K/(gs S), 2, 16]   (d, then dm)
  *
  * Activations: per row r and group g, sx = max|x| / 127, xq = rint(x / sx) in [-127, 127], and
  * xsum = sum of the float x. Then, exactly,
- *   y[r, n] = sum_g  scale * sx * sum_k c * xq  +  (zero - 8 scale) * xsum        (k in group g)
+ *   y[r, n] = sum_g  d sc * sx * sum_k c * xq  +  dm m * xsum        (k in group g)
  * where only the activation rounding (|x - sx xq| <= sx / 2) departs from the float product.
  *
  * int8 weight format (pack_int8): w[n, k] = q[n, k] * wscale[n], q in -127..127 stored as the
@@ -37,6 +43,14 @@
 #include <stddef.h>
 
 #define TILE 16
+
+/* Groups per super-block: the largest divisor of G up to 8 (8 when K % (8 gs) == 0, as in Q4_K);
+ * layers/quant/formats.py:super_groups is the same function. */
+static inline int super_groups(int G) {
+    int S = 8;
+    while (G % S) S--;
+    return S;
+}
 /* Software prefetch distance in bytes of packed weights: a thread streams its tiles in order, and
  * prefetching 8 KB ahead lets one row's GEMV stream its weights ~15 % faster than the hardware
  * prefetcher alone does (measured on Zen 4; 4-16 KB measured alike). */
@@ -75,14 +89,20 @@ static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax
 
 /* Rows [r0, r0 + RB) against tile t: RB is a compile-time constant after inlining. */
 static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t, const int8_t *xq,
+    const uint8_t *w, const uint8_t *sub, const uint16_t *sup, int K, int gs, int t, const int8_t *xq,
     const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
-    const int G = K / gs, C = gs / 8;
+    const int G = K / gs, C = gs / 8, S = super_groups(G);
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[MAX_ROWS];
     for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
+    __m512 dv = _mm512_setzero_ps(), dmv = _mm512_setzero_ps();
     for (int g = 0; g < G; g++) {
         const size_t tg = (size_t)t * G + g;
+        if (g % S == 0) { /* a new super-block: its d and dm for the 16 lanes */
+            const uint16_t *sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE;
+            dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+            dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + TILE)));
+        }
         const uint8_t *wg = w + tg * (size_t)(C * 64);
         const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
         for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
@@ -98,9 +118,9 @@ static inline __attribute__((always_inline)) void tile_rows(
                 dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(*(const int32_t *)(xp + 4)));
             }
         }
-        const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + tg * TILE)));
-        const __m512 zv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(z + tg * TILE)));
-        const __m512 mv = _mm512_fmadd_ps(_mm512_set1_ps(-8.f), sv, zv);
+        const uint8_t *sg = sub + tg * 2 * TILE;
+        const __m512 sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sg))));
+        const __m512 mv = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + TILE)))));
         for (int i = 0; i < RB; i++) {
             const size_t rg = (size_t)(r0 + i) * G + g;
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_set1_ps(sx[rg]));
@@ -217,24 +237,29 @@ static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, 
  * up to 8 rows' accumulators and partial sums stay in the 16 registers (both halves at once spill
  * from 4 rows on). The second half's weights are then read again from L1/L2 (a tile is 8 x K bytes). */
 static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t, const int8_t *xq,
+    const uint8_t *w, const uint8_t *sub, const uint16_t *sup, int K, int gs, int t, const int8_t *xq,
     const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
-    const int G = K / gs, C = gs / 8, NH = RB <= 3 ? 2 : 1;
+    const int G = K / gs, C = gs / 8, NH = RB <= 3 ? 2 : 1, S = super_groups(G);
     for (int h0 = 0; h0 < 2; h0 += NH) {
         __m256 acc[MAX_ROWS][2];
         for (int i = 0; i < RB; i++)
             for (int hh = 0; hh < NH; hh++) acc[i][hh] = _mm256_setzero_ps();
+        const uint16_t *sp = sup;
         for (int g = 0; g < G; g++) {
             const size_t tg = (size_t)t * G + g;
+            if (g % S == 0) sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE; /* this super-block's d, dm */
             const uint8_t *wg = w + tg * (size_t)(C * 64);
             if (h0 == 0)
                 for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
             __m256i dot[MAX_ROWS][2];
             group_dots(wg, xq + (size_t)r0 * K + (size_t)g * gs, K, C, RB, h0, NH, dot);
             for (int hh = 0; hh < NH; hh++) {
-                const __m256 sv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + tg * TILE + 8 * (h0 + hh))));
-                const __m256 zv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(z + tg * TILE + 8 * (h0 + hh))));
-                const __m256 mv = _mm256_fmadd_ps(_mm256_set1_ps(-8.f), sv, zv);
+                const int l0 = 8 * (h0 + hh); /* first lane of this half */
+                const uint8_t *sg = sub + tg * 2 * TILE + l0;
+                const __m256 sv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + l0))),
+                                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sg))));
+                const __m256 mv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + TILE + l0))),
+                                                _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sg + TILE)))));
                 for (int i = 0; i < RB; i++) {
                     const size_t rg = (size_t)(r0 + i) * G + g;
                     const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[i][hh]), _mm256_set1_ps(sx[rg]));
@@ -309,7 +334,7 @@ static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, floa
     }
 }
 
-static void tile(const uint8_t *w, const uint16_t *s, const uint16_t *z, int K, int gs, int t,
+static void tile(const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, int gs, int t,
                  const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N) {
     int r0 = 0;
     for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS)
@@ -354,13 +379,13 @@ const char *specdecode_isa(void) { return SPECDECODE_ISA; }
 
 /* y [R, N] = x [R, K] @ W^T. scratch: R * K bytes + 2 * R * (K / gs) floats, caller-owned.
  * Preconditions (checked by the caller): N % 16 == 0, K % gs == 0, gs % 8 == 0, R >= 1. */
-void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uint8_t *w, const uint16_t *s,
-                          const uint16_t *z, float *y, int8_t *xq, float *sx, float *xsum, int threads) {
+void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uint8_t *w, const uint8_t *sub,
+                          const uint16_t *sup, float *y, int8_t *xq, float *sx, float *xsum, int threads) {
     quantize_rows(x, R, K, gs, xq, sx, xsum, NULL);
     const int T = N / TILE;
     /* Static schedule: each thread streams one contiguous range of tiles (prefetch-friendly). */
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int t = 0; t < T; t++) tile(w, s, z, K, gs, t, xq, sx, xsum, R, y, N);
+    for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, y, N);
 }
 
 /* y [R, N] = x [R, K] @ (wscale * q)^T. scratch: R * K bytes + 3 * R * (K / 32) floats (+ R floats),

@@ -299,25 +299,31 @@ def _f16(b: np.ndarray) -> np.ndarray:
 def int4_rows(info: GGUFTensorInfo, raw: np.ndarray, shape) -> Int4Rows | None:
     """The rows of a Q4_0, Q4_1 or Q4_K matrix in the int4 format, decoded from the blocks without
     rounding: w = (q - 8) * scale + zero per 32 inputs, with (scale, zero) = (d, 0) for Q4_0, (d, 8d + m)
-    for Q4_1 and (d * sc, 8 d sc - dmin * m) for each Q4_K sub-block. None for other types."""
+    for Q4_1 and (d * sc, 8 d sc - dmin * m) for each Q4_K sub-block; Q4_K's rows also carry their
+    super-block terms (``Int4Rows.blocks``: d, sc, -dmin, m). None for other types."""
     name = info.qtype.name
     if name not in ("Q4_0", "Q4_1", "Q4_K") or len(shape) != 2:
         return None
     block, type_size = GGML_QUANT_SIZES[info.qtype]
     b = raw.reshape(-1, type_size)  # [n_blocks, type_size]
     n = b.shape[0]
+    rows = shape[0]
+
+    def per_row(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).reshape(rows, -1)
+    blocks = None
     if name == "Q4_K":  # d, dmin (f16), 12 bytes of 6-bit (sc, m) for 8 sub-blocks, 128 bytes of codes
         sc, m = gguf.quants.Q4_K.get_scale_min(b[:, 4:16])  # uint8 [n, 8] each
-        scale = _f16(b[:, 0:2]) * sc.astype(np.float32)
-        zero = 8 * scale - _f16(b[:, 2:4]) * m.astype(np.float32)
+        d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])  # [n, 1]
+        scale = d * sc.astype(np.float32)
+        zero = 8 * scale - dmin * m.astype(np.float32)
         codes = _nibbles(b[:, 16:], n, 32)
+        blocks = (per_row(d), per_row(sc), per_row(-dmin), per_row(m.astype(np.int8)))
     else:  # d (f16), for Q4_1 m (f16), then 16 bytes of codes
         scale = _f16(b[:, 0:2])
         zero = np.zeros_like(scale) if name == "Q4_0" else 8 * scale + _f16(b[:, 2:4])
         codes = _nibbles(b[:, type_size - 16:], n, 16)
-    rows = shape[0]
-    return Int4Rows(torch.from_numpy(codes).reshape(rows, -1), torch.from_numpy(scale).reshape(rows, -1),
-                    torch.from_numpy(zero).reshape(rows, -1))
+    return Int4Rows(per_row(codes), per_row(scale), per_row(zero), blocks)
 
 
 def iter_gguf_tensors(source: Source, dtype: torch.dtype = torch.float32, cfg: ModelConfig | None = None,
@@ -366,7 +372,7 @@ _QUANT_CHUNK = 1 << 22  # float elements dequantized at a time for a quantized l
 
 def auto_quant(source: Source) -> str:
     """The runtime format whose bits per weight are nearest the file's decoder average (layers/quant:
-    int4 = 5.0 takes up to 6.5-bit files such as Q4_K_M, Q4_0/1, Q5_0/1, Q5_K; int8 up to 12; above
+    int4 = 4.625 takes up to 6.3-bit files such as Q4_K_M, Q4_0/1, Q5_0/1, Q5_K; int8 up to 12; above
     that none, the float dtype)."""
     f = _open(source)
     total = bits = 0

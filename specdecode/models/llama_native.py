@@ -23,9 +23,9 @@ def _linear(m) -> tuple | None:
     if bias is not None and bias.dtype != torch.float32:
         return None
     if isinstance(m, Int4Linear) and m.kernel == "native":
-        scale, zero = m.qparams[0], m.qparams[1]  # int16 halves [N / 16, K / gs, 16], contiguous
-        keep = [m.qweight, scale, zero, bias]
-        return linear_operands(4, m.in_features, m.out_features, m.group_size, m.qweight, scale, zero, bias), keep
+        sub, sup = m.qparams, m.qsuper  # sub-scales and super-scales (kernels.store_int4_scales), contiguous
+        keep = [m.qweight, sub, sup, bias]
+        return linear_operands(4, m.in_features, m.out_features, m.group_size, m.qweight, sub, sup, bias), keep
     if isinstance(m, Int8Linear) and m.kernel == "native":
         keep = [m.qweight, m.scales, bias]
         return linear_operands(8, m.in_features, m.out_features, 32, m.qweight, m.scales, None, bias), keep

@@ -43,6 +43,59 @@ def quantize_int4(w: torch.Tensor, group_size: int, param_dtype: torch.dtype = t
     return codes.reshape(n, k), scale, zero
 
 
+def super_groups(groups: int) -> int:
+    """Groups of a super-block in the native int4 format: the largest divisor of ``groups`` up to 8
+    (quant_gemm.c's super_groups; 8 whenever in_features % 256 == 0 at groups of 32, as in Q4_K)."""
+    return next(s for s in range(8, 0, -1) if groups % s == 0)
+
+
+def _half_up(x: torch.Tensor) -> torch.Tensor:
+    """x >= 0 float32 -> the smallest float16 >= x (as float32): a scale rounded up never clips."""
+    h = x.to(torch.float16)
+    h = torch.where(h.float() < x, torch.nextafter(h, torch.full_like(h, float("inf"))), h)
+    if not torch.isfinite(h).all():
+        raise ValueError("int4 quantization: weights beyond the float16 range of the format")
+    return h.float()
+
+
+def quantize_int4_super(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, ...]:
+    """w [n, in] float32 -> (codes uint8 [n, in] in 0..15, d float32 [n, B], sc uint8 [n, G],
+    dm float32 [n, B], m int8 [n, G]) with G = in / group_size groups in B = G / S super-blocks
+    (S = super_groups(G)): the native kernel's format w ~ code * d * sc + dm * m (quant_gemm.c).
+
+    Per group, the minimum rounds *down* to the grid of dm = max |min| / 127 of its super-block, then
+    the step that reaches the group's maximum from there rounds *up* to the grid of d = max step / 255,
+    both d and dm rounded up to float16 first: the 16 levels cover the group, and |w - dequant| <=
+    d sc / 2 <= (hi - lo + dm) / 30 + d / 2 holds for the stored values."""
+    n, k = w.shape
+    G = k // group_size
+    S = super_groups(G)
+    g = w.reshape(n, G, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)  # [n, G]
+    dm = _half_up(lo.abs().reshape(n, G // S, S).amax(-1) / 127)  # [n, B]
+    dm_g = dm.repeat_interleave(S, 1)
+    m = torch.where(dm_g > 0, torch.floor(lo / dm_g.clamp(min=1e-30)), torch.zeros_like(lo)).clamp_(-127, 127)
+    base = m * dm_g  # the group's lowest level, <= lo
+    step = (hi - base) / 15
+    d = _half_up(step.reshape(n, G // S, S).amax(-1) / 255).clamp(min=2.0 ** -24)  # [n, B]
+    d_g = d.repeat_interleave(S, 1)
+    sc = torch.ceil(step / d_g).clamp_(0, 255)
+    scale = (d_g * sc).clamp(min=1e-30)
+    codes = torch.round((g - base[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.uint8)
+    return codes.reshape(n, k), d, sc.to(torch.uint8), dm, m.to(torch.int8)
+
+
+def dequantize_int4_super(codes: torch.Tensor, d: torch.Tensor, sc: torch.Tensor, dm: torch.Tensor,
+                          m: torch.Tensor) -> torch.Tensor:
+    """Inverse of quantize_int4_super: -> float32 [n, in]."""
+    n, k = codes.shape
+    G = sc.shape[1]
+    S = G // d.shape[1]
+    scale = d.repeat_interleave(S, 1) * sc.float()
+    base = dm.repeat_interleave(S, 1) * m.float()
+    return (codes.reshape(n, G, -1).float() * scale[..., None] + base[..., None]).reshape(n, k)
+
+
 def dequantize_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """Inverse of quantize_int4: -> float32 [n, in]."""
     n, k = codes.shape
@@ -57,11 +110,14 @@ class Int4Rows:
     them as they are keeps the file's own rounding: dequantizing and quantizing again with
     quantize_int4's min/max grid would add a second rounding as large as the first.
 
-    codes uint8 [n, in] in 0..15; scale, zero float32 [n, in / group_size]."""
+    codes uint8 [n, in] in 0..15; scale, zero float32 [n, in / group_size]. ``blocks``: for Q4_K, the
+    same weights in quantize_int4_super's terms (d [n, G / 8], sc uint8 [n, G], dm [n, G / 8], m int8
+    [n, G]; scale = d sc, zero = 8 d sc + dm m), which the native format stores as they are."""
 
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
+    blocks: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def shape(self) -> torch.Size:
@@ -76,7 +132,8 @@ class Int4Rows:
 
     def map_rows(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "Int4Rows":
         """fn applied to the rows of all three tensors alike (a slice, a permutation, a device move)."""
-        return Int4Rows(fn(self.codes), fn(self.scale), fn(self.zero))
+        return Int4Rows(fn(self.codes), fn(self.scale), fn(self.zero),
+                        None if self.blocks is None else tuple(fn(t) for t in self.blocks))
 
     def __getitem__(self, rows: slice) -> "Int4Rows":
         return self.map_rows(lambda t: t[rows])

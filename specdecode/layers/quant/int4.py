@@ -5,9 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels import TILE, pack_int4
+from ...kernels import TILE, int4_scale_buffers, pack_int4, store_int4_scales
 from .base import QuantFormat, QuantLinear, _compute_dtype, _kernel_input, _native_kernels
-from .formats import Int4Rows, pack_nibbles, quantize_int4, unpack_nibbles
+from .formats import Int4Rows, pack_nibbles, quantize_int4, quantize_int4_super, super_groups, unpack_nibbles
 
 GROUP = 32  # GGUF Q4_K sub-block size: 4x finer scales than 128, for ~5-12% more time per GEMV (measured)
 
@@ -16,8 +16,10 @@ class Int4Linear(QuantLinear):
     """4-bit codes + a (scale, zero) pair per group of ``group_size`` inputs, in one of three packings:
 
     - ``native`` (specdecode/kernels/quant_gemm.c, the default where it builds): qweight uint8
-      [out, in / 2] in 16-row tiles, qparams int16 [2, out / 16, in / group_size, 16] (half bits of
-      scale, zero). Activations are quantized to int8 per group inside the kernel.
+      [out, in / 2] in 16-row tiles; 8-bit sub-scales under float16 super-scales (quantize_int4_super,
+      4.625 bits per weight in all): qparams uint8 [out / 16, G, 2, 16] and qsuper int16
+      [out / 16, G / S, 2, 16] (store_int4_scales). Activations are quantized to int8 per group inside
+      the kernel.
     - ``torch`` (PyTorch's tinygemm kernels: ``_weight_int4pack_mm_for_cpu`` on CPU,
       ``_weight_int4pack_mm`` on CUDA): qweight uint8 [out, in / 2] holding the tinygemm layout (on
       CUDA the int32 [out / 8, in / (16 t), 32, t / 2] tensor of ``_convert_weight_to_int4pack``,
@@ -25,7 +27,7 @@ class Int4Linear(QuantLinear):
       [in / group_size, out, 2] (bf16 bits of scale, zero); activations are cast to bfloat16.
     - ``dequant`` (any device): qweight = pack_nibbles(codes), qparams as ``torch``.
 
-    qparams are kept as int16 so that module.to(dtype) leaves them alone. The native and torch
+    Scales are kept in integer dtypes so that module.to(dtype) leaves them alone. The native and torch
     packings depend on the machine: pack where it runs, never ship a state_dict of them.
     """
     kind = "int4"
@@ -44,8 +46,13 @@ class Int4Linear(QuantLinear):
         self._pack_rows = {"native": TILE, "torch": 64, "dequant": 1}[self._mode]
         groups = in_features // group_size
         self.register_buffer("qweight", torch.empty(out_features, in_features // 2, dtype=torch.uint8))
-        shape = (2, out_features // TILE, groups, TILE) if native is not None else (groups, out_features, 2)
-        self.register_buffer("qparams", torch.empty(shape, dtype=torch.int16))
+        if native is not None:
+            sub, sup = int4_scale_buffers(out_features, groups, groups // super_groups(groups))
+            self.register_buffer("qparams", sub)
+            self.register_buffer("qsuper", sup)
+        else:
+            self.register_buffer("qparams", torch.empty(groups, out_features, 2, dtype=torch.int16))
+            self.qsuper = None
 
     @classmethod
     def check_layer(cls, kernel: str) -> "Int4Linear":
@@ -66,19 +73,24 @@ class Int4Linear(QuantLinear):
         return rows.group_size == self.group_size
 
     def _load_step(self, start: int, w: torch.Tensor | Int4Rows) -> None:
+        if self._native is not None:
+            G = self.in_features // self.group_size
+            if isinstance(w, Int4Rows) and w.blocks is not None and w.blocks[0].shape[1] * super_groups(G) == G:
+                codes, (d, sc, dm, m) = w.codes, w.blocks  # Q4_K: the same format, stored as it is
+            else:
+                codes, d, sc, dm, m = quantize_int4_super(w.dense() if isinstance(w, Int4Rows) else w,
+                                                          self.group_size)
+            store_int4_scales(self.qparams, self.qsuper, start, d, sc, dm, m)
+            self._write_codes(start, codes)
+            return
         if isinstance(w, Int4Rows):
             codes, scale, zero = w.codes, w.scale, w.zero
-            dt = torch.float16 if self._native is not None else torch.bfloat16
-            if not (torch.isfinite(scale.to(dt)).all() and torch.isfinite(zero.to(dt)).all()):
-                raise ValueError(f"int4 rows: scales beyond the {dt} range of the format")
+            if not (torch.isfinite(scale.to(torch.bfloat16)).all() and torch.isfinite(zero.to(torch.bfloat16)).all()):
+                raise ValueError("int4 rows: scales beyond the bfloat16 range of the format")
         else:
-            codes, scale, zero = quantize_int4(w, self.group_size,
-                                               torch.float16 if self._native is not None else torch.bfloat16)
-        if self._native is not None:
-            self._store_scales(start, scale, zero)
-        else:
-            self.qparams[:, start:start + len(w)] = torch.stack([scale, zero], -1).to(torch.bfloat16) \
-                .view(torch.int16).transpose(0, 1)
+            codes, scale, zero = quantize_int4(w, self.group_size, torch.bfloat16)
+        self.qparams[:, start:start + len(w)] = torch.stack([scale, zero], -1).to(torch.bfloat16) \
+            .view(torch.int16).transpose(0, 1)
         self._write_codes(start, codes)
 
     def _pack(self, codes: torch.Tensor) -> torch.Tensor:
@@ -94,12 +106,6 @@ class Int4Linear(QuantLinear):
             return packed.contiguous().view(torch.uint8).reshape(len(codes), -1)
         return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
 
-    def _store_scales(self, start: int, scale: torch.Tensor, zero: torch.Tensor) -> None:
-        """Native packing: scale/zero rows [start, start + n) into their tiles' lanes."""
-        rows = torch.arange(start, start + len(scale))
-        for i, values in enumerate((scale, zero)):
-            self.qparams[i, rows // TILE, :, rows % TILE] = values.to(torch.float16).view(torch.int16)  # [n, groups]
-
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """-> [out, in] in dtype, the weight of the dequant packing (the others keep no plain codes)."""
         if self._mode != "dequant":
@@ -114,7 +120,7 @@ class Int4Linear(QuantLinear):
         if self._mode == "native":
             if not w.is_cpu:
                 self._weight_device()  # raises
-            y = self._native.int4_gemm(x2d.float().contiguous(), w, self.qparams, self.out_features,
+            y = self._native.int4_gemm(x2d.float().contiguous(), w, self.qparams, self.qsuper, self.out_features,
                                        self.group_size)
         elif self._mode == "dequant":
             dt = _compute_dtype(x)
@@ -149,5 +155,6 @@ def _make(linear: nn.Linear, kernel: str) -> nn.Module | None:
     return Int4Linear(linear.in_features, linear.out_features, linear.bias is not None, group_size=GROUP, kernel=kernel)
 
 
-# 4-bit codes plus a 16-bit scale and zero per 32 inputs: 5.0 bits per weight.
-FORMAT = QuantFormat("int4", 5.0, Int4Linear, _make, fallback="int8")
+# 4-bit codes plus 8-bit sub-scales per 32 inputs under 16-bit super-scales per 256: 4.625 bits per
+# weight natively (PyTorch's kernels: a 16-bit scale and zero per 32, 5.0).
+FORMAT = QuantFormat("int4", 4.625, Int4Linear, _make, fallback="int8")
