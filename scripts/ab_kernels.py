@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_kernels import QWEN15_SHAPES  # noqa: E402  (scripts/ is sys.path[0])
-from specdecode.kernels import _FLAGS, NativeKernels  # noqa: E402
+from specdecode.kernels import _FLAGS, NativeKernels, int4_scale_buffers  # noqa: E402
+from specdecode.layers.quant.formats import super_groups  # noqa: E402
 
 
 def build(source: str, flags: list[str], out: Path) -> NativeKernels:
@@ -39,9 +40,12 @@ def build(source: str, flags: list[str], out: Path) -> NativeKernels:
     return NativeKernels(lib, lib.specdecode_isa().decode())
 
 
-def int4_matrix(n: int, k: int) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-    return (n, k, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8),
-            torch.randint(0, 0x3000, (2, n // 16, k // 32, 16), dtype=torch.int16))  # scale, zero: half bits
+def int4_matrix(n: int, k: int) -> tuple[int, int, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    g = k // 32
+    sub, sup = int4_scale_buffers(n, g, g // super_groups(g))
+    sub.random_(0, 256)  # sub-scales and minima: any bytes
+    sup.random_(0, 0x3000)  # super-scales: half bits of moderate positive values
+    return n, k, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8), (sub, sup)
 
 
 def main() -> int:
@@ -72,7 +76,7 @@ def main() -> int:
         xs = {k: torch.randn(r, k) for k in {k for _, k, _, _ in mats}}
 
         def run(lib):
-            ys = [lib.int4_gemm(xs[k], p, s, n, 32) for n, k, p, s in mats]
+            ys = [lib.int4_gemm(xs[k], p, *s, n, 32) for n, k, p, s in mats]
             return ys if a.int4_only else ys + [lib.int8_gemm(xs[1536], head, hscale, hn)]
         if not all(torch.equal(u, v) for u, v in zip(run(libs[0]), run(libs[1]))):
             sys.exit(f"the two builds' outputs differ ({r} rows)")

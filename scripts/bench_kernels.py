@@ -12,7 +12,8 @@ import time
 
 import torch
 
-from specdecode.kernels import native_kernels
+from specdecode.kernels import int4_scale_buffers, native_kernels
+from specdecode.layers.quant.formats import super_groups
 
 
 # The 1.5B's decoder matrices as (out, in): qkv, o, gate_up, down of each of its 28 layers.
@@ -37,14 +38,17 @@ def main():
     k = native_kernels()
     if k is None:
         raise SystemExit("native kernels not available on this machine")
-    mats = [(n, kk, torch.randint(0, 256, (n, kk // 2), dtype=torch.uint8),
-             torch.full((2, n // 16, kk // 32, 16), 0x2000, dtype=torch.int16)) for n, kk in QWEN15_SHAPES]
-    int4_bytes = sum(p.numel() + s.numel() * 2 for _, _, p, s in mats)
+    mats = []
+    for n, kk in QWEN15_SHAPES:
+        sub, sup = int4_scale_buffers(n, kk // 32, kk // 32 // super_groups(kk // 32))
+        sup.fill_(0x2000)
+        mats.append((n, kk, torch.randint(0, 256, (n, kk // 2), dtype=torch.uint8), (sub, sup)))
+    int4_bytes = sum(p.numel() + s[0].numel() + 2 * s[1].numel() for _, _, p, s in mats)
     head, head_scale = torch.randint(0, 256, (151936, 1536), dtype=torch.uint8), torch.ones(151936)
     print(f"isa {k.isa}, int4 matrices {int4_bytes / 1e6:.0f} MB, int8 head {head.numel() / 1e6:.0f} MB")
     for r in (1, 5, 9):
         xs = {kk: torch.randn(r, kk) for kk in (1536, 8960)}
-        t4 = median_time(lambda: [k.int4_gemm(xs[kk], p, s, n, 32) for n, kk, p, s in mats])
+        t4 = median_time(lambda: [k.int4_gemm(xs[kk], p, *s, n, 32) for n, kk, p, s in mats])
         t8 = median_time(lambda: k.int8_gemm(xs[1536], head, head_scale, 151936))
         print(f"R={r}: int4 {t4 * 1e3:.1f} ms = {int4_bytes / t4 / 1e9:.1f} GB/s | "
               f"int8 head {t8 * 1e3:.1f} ms = {head.numel() / t8 / 1e9:.1f} GB/s")

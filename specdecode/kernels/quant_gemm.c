@@ -96,12 +96,14 @@ static inline __attribute__((always_inline)) void tile_rows(
     __m512 acc[MAX_ROWS];
     for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
     __m512 dv = _mm512_setzero_ps(), dmv = _mm512_setzero_ps();
-    for (int g = 0; g < G; g++) {
+    const uint16_t *sp = sup + (size_t)t * (G / S) * 2 * TILE; /* the tile's first super-block */
+    for (int g = 0, left = 0; g < G; g++, left--) {
         const size_t tg = (size_t)t * G + g;
-        if (g % S == 0) { /* a new super-block: its d and dm for the 16 lanes */
-            const uint16_t *sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE;
+        if (left == 0) { /* a new super-block: its d and dm for the 16 lanes (no division per group) */
             dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
             dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + TILE)));
+            sp += 2 * TILE;
+            left = S;
         }
         const uint8_t *wg = w + tg * (size_t)(C * 64);
         const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
@@ -244,10 +246,14 @@ static inline __attribute__((always_inline)) void tile_rows(
         __m256 acc[MAX_ROWS][2];
         for (int i = 0; i < RB; i++)
             for (int hh = 0; hh < NH; hh++) acc[i][hh] = _mm256_setzero_ps();
-        const uint16_t *sp = sup;
-        for (int g = 0; g < G; g++) {
+        const uint16_t *next = sup + (size_t)t * (G / S) * 2 * TILE, *sp = next; /* the tile's first super-block */
+        for (int g = 0, left = 0; g < G; g++, left--) {
             const size_t tg = (size_t)t * G + g;
-            if (g % S == 0) sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE; /* this super-block's d, dm */
+            if (left == 0) { /* this super-block's d, dm (no division per group) */
+                sp = next;
+                next += 2 * TILE;
+                left = S;
+            }
             const uint8_t *wg = w + tg * (size_t)(C * 64);
             if (h0 == 0)
                 for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
