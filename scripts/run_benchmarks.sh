@@ -196,3 +196,25 @@ specdecode bench-serve -t $T --spec-types none --concurrency 1 --category writin
 specdecode bench -t $T --spec-types none --category writing --category qa --limit 3 --max-tokens 96
 # Round 14: the error our int4 requantization adds to the file's Q4_K / Q6_K values (deterministic).
 python scripts/q4k_requant_error.py
+# Round 15: Q4_K tensors loaded as stored and the native int4 format in Q4_K's layout (4.625 bits).
+# Agreement with float32 at three commits (each a worktree: git worktree add /tmp/wt_X <commit>).
+for wt in /tmp/wt_orig /tmp/wt_step1 .; do  # 424fa61, 36b9f1a, this tree
+  for m in qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct; do
+    (cd $wt && PYTHONPATH=$PWD python scripts/quant_agreement.py --model $m --quant auto --tokens 2000 --threads $T)
+  done
+done
+git show 36b9f1a:specdecode/kernels/quant_gemm.c > /tmp/quant_gemm_5bit.c
+for flags in "" --flags=-mno-avx512f; do
+  python scripts/ab_int4_format.py /tmp/quant_gemm_5bit.c specdecode/kernels/quant_gemm.c $flags
+done
+python scripts/bench_kernels.py --threads $T
+# llama.cpp's -DGGML_NATIVE=ON build crashed in libggml-cpu on this Intel host (AMX enabled by -march=native):
+# the AVX512 peer is built with GGML_NATIVE=OFF, AVX512 + VNNI + BF16 + VBMI on, AMX off (/tmp/llama.cpp-512).
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 3 --json-out out/r15_vs_llamacpp_avx2.json
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-512/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 3 --json-out out/r15_vs_llamacpp_avx512.json
+for wt in /tmp/wt_orig . /tmp/wt_orig .; do
+  (cd $wt && PYTHONPATH=$PWD python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64)
+done
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64

@@ -13,7 +13,7 @@ GROUP = 32  # GGUF Q4_K sub-block size: 4x finer scales than 128, for ~5-12% mor
 
 
 class Int4Linear(QuantLinear):
-    """4-bit codes + a (scale, zero) pair per group of ``group_size`` inputs, in one of three packings:
+    """4-bit codes with scales per group of ``group_size`` inputs, in one of three packings:
 
     - ``native`` (specdecode/kernels/quant_gemm.c, the default where it builds): qweight uint8
       [out, in / 2] in 16-row tiles; 8-bit sub-scales under float16 super-scales (quantize_int4_super,
