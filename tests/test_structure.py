@@ -26,9 +26,10 @@ def test_quant_formats_are_found_by_module_and_auto_picks_the_nearest():
     from specdecode.layers.quant import FORMATS, format_names, nearest_format
 
     assert set(FORMATS) == {"int4", "int8"} and format_names() == ("none", "int4", "int8")
-    # the thresholds --quant auto has always used: int4 up to 6.5 bits, int8 up to 12, float above
-    assert [nearest_format(b) for b in (4.5, 6.5, 6.6, 8.5, 12.0, 12.1, 16.0)] == \
-        ["int4", "int4", "int8", "int8", "int8", "none", "none"]
+    # --quant auto's thresholds: int4 (4.625 bits) up to 6.31 bits, int8 up to 12, float above. (With
+    # int4 at 5.0 bits the first was 6.5: files of 6.31-6.5 bits now take int8, never fewer bits.)
+    assert [nearest_format(b) for b in (4.5, 6.0, 6.3, 6.35, 6.6, 8.5, 12.0, 12.1, 16.0)] == \
+        ["int4", "int4", "int4", "int8", "int8", "int8", "int8", "none", "none"]
 
 
 def test_a_new_quant_format_module_is_discovered(tmp_path, monkeypatch):
