@@ -18,12 +18,19 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def _round_up(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x float32 -> the smallest value of dtype >= x, as float32: a scale rounded up never clips."""
+    r = x.to(dtype)
+    return torch.where(r.float() < x, torch.nextafter(r, torch.full_like(r, float("inf"))), r).float()
+
+
 def quantize_int4(w: torch.Tensor, group_size: int, param_dtype: torch.dtype = torch.bfloat16
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """w [n, in] float32 -> (codes uint8 [n, in] in 0..15, scale, zero float32 [n, in / group_size]).
 
-    The format of the int4 kernels: w ~ (code - 8) * scale + zero per group of group_size inputs, with
-    scale and zero stored in param_dtype (bfloat16 for PyTorch's kernel, float16 for the native one).
+    The format of PyTorch's int4 kernels (``torch``, ``dequant``; the native kernel's is
+    quantize_int4_super): w ~ (code - 8) * scale + zero per group of group_size inputs, with scale and
+    zero stored in param_dtype (bfloat16 for PyTorch's kernel).
     Both are rounded to param_dtype *before* the codes are chosen, and scale is widened to cover the
     group around the rounded zero, so |w - dequant| <= scale/2 holds for the stored values (the bound
     a plain min/max grid would lose to the rounding of zero).
@@ -35,10 +42,7 @@ def quantize_int4(w: torch.Tensor, group_size: int, param_dtype: torch.dtype = t
     if not torch.isfinite(zero).all():
         raise ValueError(f"int4 quantization: weights beyond the {param_dtype} range of the format")
     scale = torch.maximum((hi - zero) / 7, (zero - lo) / 8).clamp(min=1e-30)
-    rounded = scale.to(param_dtype)
-    rounded = torch.where(rounded.float() < scale, torch.nextafter(rounded, torch.full_like(rounded, float("inf"))),
-                          rounded)
-    scale = rounded.float()
+    scale = _round_up(scale, param_dtype)
     codes = torch.round((g - zero[..., None]) / scale[..., None]).add_(8).clamp_(0, 15).to(torch.uint8)
     return codes.reshape(n, k), scale, zero
 
@@ -50,12 +54,11 @@ def super_groups(groups: int) -> int:
 
 
 def _half_up(x: torch.Tensor) -> torch.Tensor:
-    """x >= 0 float32 -> the smallest float16 >= x (as float32): a scale rounded up never clips."""
-    h = x.to(torch.float16)
-    h = torch.where(h.float() < x, torch.nextafter(h, torch.full_like(h, float("inf"))), h)
+    """_round_up to float16, raising where the format cannot hold the result."""
+    h = _round_up(x, torch.float16)
     if not torch.isfinite(h).all():
         raise ValueError("int4 quantization: weights beyond the float16 range of the format")
-    return h.float()
+    return h
 
 
 def quantize_int4_super(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, ...]:
