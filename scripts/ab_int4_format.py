@@ -17,10 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_kernels import build  # noqa: E402  (scripts/ is sys.path[0])
+from ab_kernels import build, int4_matrix  # noqa: E402  (scripts/ is sys.path[0])
 from bench_kernels import QWEN15_SHAPES  # noqa: E402
-from specdecode.kernels import int4_scale_buffers  # noqa: E402
-from specdecode.layers.quant.formats import super_groups  # noqa: E402
 
 
 def main() -> int:
@@ -38,12 +36,8 @@ def main() -> int:
     old, new = build(a.old, a.flags.split(), tmp / "old.so"), build(a.new, a.flags.split(), tmp / "new.so")
     mats = []
     for n, k in QWEN15_SHAPES:
-        g = k // 32
-        sub, sup = int4_scale_buffers(n, g, g // super_groups(g))
-        sub.random_(0, 256)
-        sup.fill_(0x2000)
-        mats.append((n, k, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8),
-                     torch.full((2, n // 16, g, 16), 0x2000, dtype=torch.int16), sub, sup))
+        _, _, codes, (sub, sup) = int4_matrix(n, k)
+        mats.append((n, k, codes, torch.full((2, n // 16, k // 32, 16), 0x2000, dtype=torch.int16), sub, sup))
     mb_old = sum(p.numel() + 2 * s.numel() for _, _, p, s, _, _ in mats) / 1e6
     mb_new = sum(p.numel() + sb.numel() + 2 * sp.numel() for _, _, p, _, sb, sp in mats) / 1e6
     print(f"isa {old.isa}, {a.threads} threads; bytes per pass {mb_old:.0f} MB -> {mb_new:.0f} MB")
