@@ -5,7 +5,11 @@ v(t)/v(1) for t = 1..9 new tokens.
     python scripts/bench_runtime.py --model qwen2.5-coder-1.5b-instruct --quant int4 --threads 2
 
 Every figure is a median over --reps runs in this process. Bandwidth is measured here, in the same
-process and thread count, by summing a 1 GiB float32 tensor (a pure streaming read)."""
+process and thread count, by summing a 1 GiB float32 tensor (a pure streaming read), right before
+each decode run: the host's bandwidth drifts by tens of percent within minutes, so each run's
+fraction of the ceiling is its decode against its own probe, and the median and range of those
+fractions are reported. The verify curve's ratios are likewise paired within each of 9 rounds
+(median and range over the rounds)."""
 from __future__ import annotations
 
 import argparse
@@ -16,11 +20,11 @@ import time
 import torch
 
 
-def bandwidth(threads: int) -> float:
-    x = torch.ones(256 * 2**20)  # 1 GiB float32: far beyond any cache
+def bandwidth(x: torch.Tensor, reps: int = 5) -> float:
+    """Bytes per second of x.sum(), median of reps; x: 1 GiB float32, far beyond any cache."""
     x.sum()
     times = []
-    for _ in range(5):
+    for _ in range(reps):
         t0 = time.perf_counter()
         x.sum()
         times.append(time.perf_counter() - t0)
@@ -59,8 +63,11 @@ def main():
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, eng.model.cfg.vocab_size - 1000, (a.prompt_tokens,), generator=gen).tolist()
     slot = kv.allocate()
-    prefill, decode = [], []
+    wbytes = weight_bytes_per_token(eng.model)
+    probe = torch.ones(256 * 2**20)
+    prefill, decode, bws = [], [], []
     for _ in range(a.reps + 1):  # the first round warms up and is dropped
+        bws.append(bandwidth(probe, reps=3))
         kv.set_length(slot, 0)
         t0 = time.perf_counter()
         logits, _, _ = runner.forward([slot], [prompt], last_only=True)
@@ -74,7 +81,8 @@ def main():
         t2 = time.perf_counter()
         prefill.append(len(prompt) / (t1 - t0))
         decode.append(a.decode_tokens / (t2 - t1))
-    prefill, decode = prefill[1:], decode[1:]
+    prefill, decode, bws = prefill[1:], decode[1:], bws[1:]
+    fractions = [d * wbytes / bw for d, bw in zip(decode, bws)]
     # verify cost curve at a 256-token context: one forward over t new tokens, rolled back. Rounds
     # interleave t = 1..9, so a drift of the machine's speed during the run hits every t alike.
     times = {t: [] for t in range(1, 10)}
@@ -85,15 +93,17 @@ def main():
             runner.forward([slot], [prompt[:t]], row_exact=True)  # as spec_step verifies
             times[t].append(time.perf_counter() - t0)
     curve = {t: statistics.median(v) for t, v in times.items()}
-    bw = bandwidth(a.threads)
-    wbytes = weight_bytes_per_token(eng.model)
+    ratios = {t: [x / y for x, y in zip(v, times[1])] for t, v in times.items()}  # paired per round
+    bw = statistics.median(bws)
     res = {
         "model": a.model, "quant": eng.model.quant, "threads": a.threads,
         "prefill_tok_s": round(statistics.median(prefill), 2), "decode_tok_s": round(statistics.median(decode), 2),
         "weight_bytes_per_token": wbytes, "bandwidth_GB_s": round(bw / 1e9, 2),
         "ceiling_tok_s": round(bw / wbytes, 2),
-        "fraction_of_ceiling": round(statistics.median(decode) / (bw / wbytes), 3),
-        "verify_cost_ratio": {t: round(v / curve[1], 3) for t, v in curve.items()},
+        "fraction_of_ceiling": round(statistics.median(fractions), 3),
+        "fraction_of_ceiling_range": [round(min(fractions), 3), round(max(fractions), 3)],
+        "verify_cost_ratio": {t: round(statistics.median(r), 3) for t, r in ratios.items()},
+        "verify_cost_ratio_range": {t: [round(min(r), 3), round(max(r), 3)] for t, r in ratios.items() if t > 1},
         "verify_ms": {t: round(v * 1e3, 2) for t, v in curve.items()},
     }
     print(json.dumps(res))
