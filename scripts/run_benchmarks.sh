@@ -218,3 +218,29 @@ for wt in /tmp/wt_orig . /tmp/wt_orig .; do
   (cd $wt && PYTHONPATH=$PWD python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64)
 done
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64
+# Round 16: one core's vpdpbusd peak; AMX variants of the int4 kernel (sources not kept) against the committed one.
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && /tmp/dpbusd_peak
+git show HEAD:specdecode/kernels/quant_gemm.c > /tmp/quant_gemm_committed.c
+python scripts/ab_kernels.py /tmp/quant_gemm_committed.c /tmp/quant_gemm_amx.c --threads 1 --int4-only --rows 1,2,3,5,9
+python scripts/ab_kernels.py /tmp/quant_gemm_committed.c /tmp/quant_gemm_amx.c --threads 2 --int4-only --stream --rows 1,2,3,5,8
+for i in 1 2; do  # alternated; a third AVX512 run after them
+  python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r16_runtime_avx512.json
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 \
+    --json-out out/r16_runtime_avx2.json
+done
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --json-out out/r16_serve_avx512.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --json-out out/r16_serve_avx2.json
+for i in 1 2; do
+  specdecode bench-serve -t $T --spec-types auto,none --concurrency 8 --requests 16 --max-tokens 96 --max-num-seqs 8 --json-out out/r16_c8_$i.json
+done
+specdecode bench-serve -t $T --spec-types auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 --json-out out/r16_auto_c18.json
+for i in 1 2; do
+  specdecode bench-serve -t $T --spec-types none --concurrency 1 --category writing --category qa --limit 3 --max-tokens 96
+  specdecode bench -t $T --spec-types none --category writing --category qa --limit 3 --max-tokens 96
+done
+specdecode serve -t $T --spec-type none --port 8811 & sleep 30
+specdecode bench-serve --url http://127.0.0.1:8811 --concurrency 1 --category writing --category qa --limit 3 --max-tokens 96
+kill %1
+specdecode bench -t $T --spec-types none --category writing --category qa --limit 3 --max-tokens 96
