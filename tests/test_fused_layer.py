@@ -83,7 +83,7 @@ def test_avx2_body_gives_the_bits_of_its_module_path(monkeypatch):
     monkeypatch.setenv("SPECDECODE_NATIVE_FLAGS", "-mno-avx512f")  # as a user would run the AVX2 body
     native_kernels.cache_clear()
     try:
-        assert native_kernels().isa == "avx2"
+        assert native_kernels().isa.startswith("avx2")
         model = quantized(hf_model("qwen2"), "int4")  # its layers take the AVX2 build
         fused, modules, calls = _both_paths(model, torch.bfloat16)
         assert calls

@@ -1,5 +1,6 @@
 """The native int4 kernel (specdecode/kernels/int4_gemm.c) against an exact reference of its own
-arithmetic, for both instruction-set bodies this machine can run (AVX512-VNNI and AVX2)."""
+arithmetic, for the instruction-set bodies this machine can run (AVX512-VNNI; AVX2 with AVX-VNNI's
+256-bit vpdpbusd where the CPU has it, as Intel client cores do; plain AVX2, as Zen 3 runs it)."""
 import pytest
 import torch
 
@@ -17,10 +18,16 @@ def _build(flags):
         pytest.skip(f"kernel build {flags}: {exc}")
 
 
-@pytest.fixture(params=[(), ("-mno-avx512f",)], ids=["native-isa", "avx2"])
+AVX2 = ("-mno-avx512f",)  # AVX2, with AVX-VNNI where the CPU has it
+AVX2_PLAIN = ("-mno-avx512f", "-mno-avxvnni")  # AVX2 alone: Zen 3's body
+
+
+@pytest.fixture(params=[(), AVX2, AVX2_PLAIN], ids=["native-isa", "avx2", "avx2-plain"])
 def kernel(request):
     k = _build(request.param)
     if request.param:
+        assert k.isa.startswith("avx2")
+    if request.param == AVX2_PLAIN:
         assert k.isa == "avx2"
     return k
 
@@ -91,6 +98,23 @@ def test_super_quantization_covers_each_group_within_half_a_step(group_size):
     assert (d.repeat_interleave(S, 1) * sc.float() <= bound * (1 + 1e-5)).all()
     assert torch.equal(dequantize_int4_super(codes, d, sc, dm, m)[2, :256], torch.zeros(256))
 
+
+
+@pytest.mark.parametrize("group_size,k", [(32, 512), (64, 512), (32, 224)])
+def test_avx_vnni_body_gives_the_bits_of_the_plain_avx2_body(group_size, k):
+    # The same integer dots (vpdpbusd against maddubs + int16 sums + madd) and the same float epilogue:
+    # an Intel client core and Zen 3 give the same outputs, row for row.
+    vnni, plain = _build(AVX2), _build(AVX2_PLAIN)
+    if vnni.isa == plain.isa:
+        pytest.skip("this CPU has no AVX-VNNI")
+    torch.manual_seed(3)
+    n = 64
+    codes, d, sc, dm, m = quantize_int4_super(torch.randn(n, k) * 0.05, group_size)
+    packed, (sub, sup) = pack_int4(codes, group_size), scales(n, d, sc, dm, m)
+    for rows in range(1, 11):
+        x = torch.randn(rows, k)
+        assert torch.equal(vnni.int4_gemm(x, packed, sub, sup, n, group_size),
+                           plain.int4_gemm(x, packed, sub, sup, n, group_size)), rows
 
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_extreme_codes_and_activations_do_not_overflow(kernel, group_size):

@@ -204,7 +204,8 @@ def native_kernels() -> NativeKernels | None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
     try:
-        # e.g. SPECDECODE_NATIVE_FLAGS=-mno-avx512f: the AVX2 body, as a Zen 3 or Intel client CPU runs it
+        # e.g. SPECDECODE_NATIVE_FLAGS=-mno-avx512f: the AVX2 body, as an Intel client CPU runs it (with
+        # AVX-VNNI where this CPU has it); "-mno-avx512f -mno-avxvnni": as Zen 3 runs it
         return load_native_kernels(tuple(os.environ.get("SPECDECODE_NATIVE_FLAGS", "").split()))
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         log.warning("native kernels unavailable (%s): quantized layers use PyTorch's kernels", exc)

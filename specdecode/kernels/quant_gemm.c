@@ -4,8 +4,8 @@
  * the dot product, so one core handles ~7-10 GB/s of weights (compute-bound, well below DRAM bandwidth), and
  * it works in blocks of 4 activation rows, so verifying 5-8 tokens costs ~3x one token. Here the
  * activations are quantized to int8 per group (as llama.cpp does for its Q4 x Q8 dot products) and the
- * 4-bit codes meet them in integer dot-product instructions (AVX512-VNNI vpdpbusd, or AVX2
- * maddubs+madd): unpacking a weight costs ~1/32 instruction, it is shared by every activation row,
+ * 4-bit codes meet them in integer dot-product instructions (AVX512-VNNI vpdpbusd, AVX-VNNI's 256-bit
+ * vpdpbusd, or AVX2 maddubs+madd): unpacking a weight costs ~1/32 instruction, it is shared by every activation row,
  * and each row adds ~1 instruction per 64 multiply-adds. Decode becomes bandwidth-bound and a verify
  * of up to 10 rows (8 on AVX2) reads the weights once.
  *
@@ -162,7 +162,11 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
 }
 
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#ifdef __AVXVNNI__
+#define SPECDECODE_ISA "avx2+avxvnni" /* the int4 dots from 256-bit vpdpbusd (group_dots) */
+#else
 #define SPECDECODE_ISA "avx2"
+#endif
 #define MAX_ROWS 8 /* activation rows per pass (AVX2 has 16 registers: more rows spill) */
 #define INT8_UNSIGNED_BIAS 0 /* the AVX2 body multiplies q itself */
 
@@ -204,15 +208,31 @@ static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax
 }
 
 /* Group g's int32 dot products, for activation rows i < RB and the tile's output lanes 8 (h0 + hh) ..
- * 8 (h0 + hh) + 7 (hh < NH), into dot[i][hh]. AVX2 has no vpdpbusd: maddubs multiplies the codes by 2
+ * 8 (h0 + hh) + 7 (hh < NH), into dot[i][hh]. Without AVX-VNNI there is no vpdpbusd: maddubs multiplies the codes by 2
  * activation bytes and adds the pairs in int16, and up to 8 such products are summed in int16 before
  * one widening madd (exact: |pair| <= 2 * 15 * 127 and 8 * 3810 < 32767), which nearly halves the multiply
  * port's work against widening each one. */
 static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, const int8_t *xg, int K, int C,
                                                             const int RB, int h0, const int NH, __m256i dot[][2]) {
-    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0F);
     for (int i = 0; i < RB; i++)
         for (int hh = 0; hh < NH; hh++) dot[i][hh] = _mm256_setzero_si256();
+#ifdef __AVXVNNI__
+    /* AVX-VNNI (Intel client cores since Alder Lake, Zen 5): the 256-bit vpdpbusd does the
+     * multiply, the pair sums and the widening add in one instruction, with the same integer
+     * results (it does not saturate). */
+    for (int j = 0; j < C; j++)
+        for (int hh = 0; hh < NH; hh++) {
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(wg + (size_t)j * 64 + 32 * (h0 + hh)));
+            const __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
+            for (int i = 0; i < RB; i++) {
+                const int8_t *xp = xg + (size_t)i * K + 8 * j;
+                dot[i][hh] = _mm256_dpbusd_avx_epi32(dot[i][hh], lo, _mm256_set1_epi32(*(const int32_t *)xp));
+                dot[i][hh] = _mm256_dpbusd_avx_epi32(dot[i][hh], hi, _mm256_set1_epi32(*(const int32_t *)(xp + 4)));
+            }
+        }
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
     for (int j0 = 0; j0 < C; j0 += 4) {
         __m256i p16[MAX_ROWS][2];
         for (int i = 0; i < RB; i++)
@@ -232,6 +252,7 @@ static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, 
         for (int i = 0; i < RB; i++)
             for (int hh = 0; hh < NH; hh++) dot[i][hh] = _mm256_add_epi32(dot[i][hh], _mm256_madd_epi16(p16[i][hh], ones));
     }
+#endif
 }
 
 /* Rows [r0, r0 + RB) against tile t. Up to 3 rows take both 8-lane halves of the tile in one pass
