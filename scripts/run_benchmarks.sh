@@ -244,3 +244,15 @@ specdecode serve -t $T --spec-type none --port 8811 & sleep 30
 specdecode bench-serve --url http://127.0.0.1:8811 --concurrency 1 --category writing --category qa --limit 3 --max-tokens 96
 kill %1
 specdecode bench -t $T --spec-types none --category writing --category qa --limit 3 --max-tokens 96
+# Round 16: the AVX2 body with AVX-VNNI (-mno-avx512f on this host) against the plain AVX2 body (Zen 3's).
+git show 589ea9a:specdecode/kernels/quant_gemm.c > /tmp/quant_gemm_plain_avx2.c
+python scripts/ab_kernels.py /tmp/quant_gemm_plain_avx2.c specdecode/kernels/quant_gemm.c --flags=-mno-avx512f --threads $T --int4-only --stream --rows 1,2,3,5,8
+for i in 1 2; do
+  for f in "-mno-avx512f" "-mno-avx512f -mno-avxvnni"; do
+    SPECDECODE_NATIVE_FLAGS="$f" python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64
+  done
+done
+for f in "-mno-avx512f" "-mno-avx512f -mno-avxvnni"; do
+  SPECDECODE_NATIVE_FLAGS="$f" specdecode bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 \
+    --max-num-seqs 8 --json-out "out/r16_serve_$(echo $f | tr -d ' -').json"
+done
