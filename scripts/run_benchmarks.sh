@@ -256,3 +256,7 @@ for f in "-mno-avx512f" "-mno-avx512f -mno-avxvnni"; do
   SPECDECODE_NATIVE_FLAGS="$f" specdecode bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 \
     --max-num-seqs 8 --json-out "out/r16_serve_$(echo $f | tr -d ' -').json"
 done
+for f in "-mno-avx512f" "-mno-avx512f -mno-avxvnni"; do
+  SPECDECODE_NATIVE_FLAGS="$f" specdecode bench -t $T --spec-types none,auto --limit 1 --max-tokens 96 \
+    --json-out "out/r16_bench_$(echo $f | tr -d ' -').json"
+done
