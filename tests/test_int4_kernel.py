@@ -99,7 +99,6 @@ def test_super_quantization_covers_each_group_within_half_a_step(group_size):
     assert torch.equal(dequantize_int4_super(codes, d, sc, dm, m)[2, :256], torch.zeros(256))
 
 
-
 @pytest.mark.parametrize("group_size,k", [(32, 512), (64, 512), (32, 224)])
 def test_avx_vnni_body_gives_the_bits_of_the_plain_avx2_body(group_size, k):
     # The same integer dots (vpdpbusd against maddubs + int16 sums + madd) and the same float epilogue:
@@ -115,6 +114,7 @@ def test_avx_vnni_body_gives_the_bits_of_the_plain_avx2_body(group_size, k):
         x = torch.randn(rows, k)
         assert torch.equal(vnni.int4_gemm(x, packed, sub, sup, n, group_size),
                            plain.int4_gemm(x, packed, sub, sup, n, group_size)), rows
+
 
 @pytest.mark.parametrize("group_size", [32, 64])
 def test_extreme_codes_and_activations_do_not_overflow(kernel, group_size):
