@@ -260,3 +260,7 @@ for f in "-mno-avx512f" "-mno-avx512f -mno-avxvnni"; do
   SPECDECODE_NATIVE_FLAGS="$f" specdecode bench -t $T --spec-types none,auto --limit 1 --max-tokens 96 \
     --json-out "out/r16_bench_$(echo $f | tr -d ' -').json"
 done
+# Round 17: the server's per-token latency at concurrency 1, paired (ABBA) with LLM.stream's on the same prompts.
+python scripts/bench_itl.py -t $T --pairs 20 --limit 5 --category writing --category qa --max-tokens 96 \
+  --json-out out/r17_itl20.json
+python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96
