@@ -66,7 +66,7 @@ def test_kernel_equals_its_exact_arithmetic(kernel, group_size, k):
     codes, d, sc, dm, m = quantize_int4_super(w, group_size)
     packed = pack_int4(codes, group_size)
     sub, sup = scales(n, d, sc, dm, m)
-    for rows in (1, 2, 7, 8, 9, 19):  # every remainder path of the 8-row passes
+    for rows in (1, 2, 7, 8, 9, 16, 19, 35):  # every remainder path of the 8-row passes; AMX's 16-row ones
         x = torch.randn(rows, k)
         x[0, :group_size] = 0  # an all-zero activation group (scale 0)
         y = kernel.int4_gemm(x, packed, sub, sup, n, group_size)
@@ -156,6 +156,36 @@ def test_int8_kernel_equals_its_exact_arithmetic(kernel):
         ref = (dots * (amax.double() / 127)[:, None, :]).sum(-1) * wscale.double()
         scale_of = x.double().abs() @ (q.double().abs() * wscale.double()[:, None]).T
         assert ((y.double() - ref).abs() <= 2 ** -18 * scale_of + 1e-12).all()
+
+
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 224, 512])
+def test_every_row_gets_the_bits_of_a_one_row_pass(kernel, k):
+    # Verification is lossless only if a row's output does not depend on how many rows share its
+    # pass (a verify of t tokens must give what t one-token steps give). Row counts cover every pass
+    # of the bodies: blocks of 8 or 10 rows, their remainders, and AMX's blocks of 16 with a VNNI
+    # remainder; k from 1 to 16 groups covers the AMX pipeline's ends.
+    torch.manual_seed(4)
+    n = 48
+    codes, d, sc, dm, m = quantize_int4_super(torch.randn(n, k) * 0.05, 32)
+    packed, (sub, sup) = pack_int4(codes, 32), scales(n, d, sc, dm, m)
+    x = torch.randn(50, k)
+    one = torch.cat([kernel.int4_gemm(x[i:i + 1], packed, sub, sup, n, 32) for i in range(len(x))])
+    for rows in (9, 10, 16, 17, 31, 32, 33, 50):
+        assert torch.equal(kernel.int4_gemm(x[:rows], packed, sub, sup, n, 32), one[:rows]), rows
+
+
+def test_amx_body_gives_the_bits_of_the_vnni_body():
+    amx, vnni = native_kernels(), _build(("-DSPECDECODE_NO_AMX",))
+    if not amx.isa.endswith("+amx"):
+        pytest.skip("this CPU (or compiler, or kernel) offers no AMX")
+    assert vnni.isa == "avx512vnni"
+    torch.manual_seed(5)
+    n, k = 64, 1536
+    codes, d, sc, dm, m = quantize_int4_super(torch.randn(n, k) * 0.05, 32)
+    packed, (sub, sup) = pack_int4(codes, 32), scales(n, d, sc, dm, m)
+    for rows in (16, 21, 48, 80):
+        x = torch.randn(rows, k)
+        assert torch.equal(amx.int4_gemm(x, packed, sub, sup, n, 32), vnni.int4_gemm(x, packed, sub, sup, n, 32)), rows
 
 
 def test_packed_tiles_are_independent_row_ranges():

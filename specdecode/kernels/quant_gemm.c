@@ -38,6 +38,7 @@
  *   y[r, n] = wscale[n] * (sum_g sx (sum_k u xq) - 128 sum_g sx xqsum)
  * and the second term does not depend on n: one subtraction per row at the end.
  */
+#define _GNU_SOURCE /* syscall(), for AMX's permission request */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -345,6 +346,133 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
 #error "quant_gemm.c needs AVX512-VNNI or AVX2+FMA+F16C (the loader falls back to PyTorch's kernel)"
 #endif
 
+#if defined(__AVX512VNNI__) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && !defined(SPECDECODE_NO_AMX)
+/* AMX (Sapphire Rapids and later Xeons) for passes of 16 or more rows: prefill, long verifies, wide
+ * batches. Beyond ~8 rows the VNNI body is bound by its vector ports: per row and group, 8 vpdpbusd
+ * and 4 float operations. One TDPBSUD computes a group's dots for 16 rows x 16 lanes (the 128
+ * vpdpbusd of those rows) on the tile unit, leaving the vector ports the float epilogue alone. Each
+ * group has its own scales, so the dots leave the tile after every group (K = 32 per multiply), and
+ * the epilogue is the VNNI body's, operation for operation: the same integers meet the same float
+ * operations in the same order, so every output has the same bits as the VNNI body gives it
+ * (tests/test_int4_kernel.py). Groups of 32 only (every Q4_K tensor); other sizes use VNNI. */
+#define SPECDECODE_AMX 1
+#define AMX_ROWS 16
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* Linux grants a process the tile state only on request; without it the first tile instruction
+ * faults. Asked once; a kernel that refuses leaves every pass on VNNI. Benign race: concurrent
+ * first callers make the same request and store the same answer. */
+static int amx_granted(void) {
+    static volatile int state = -1;
+    if (state < 0) state = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    return state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* Per thread (tile configuration is thread state). tmm0-2: dots of three groups, 16 rows x 16 int32
+ * lanes each; tmm3: 16 activation rows x one group of 32 int8; tmm4: the group's codes, 8 rows (4
+ * inputs each) x 16 lanes x 4 bytes, AMX's B layout. */
+static void amx_begin(void) {
+    amx_config c = {0};
+    c.palette = 1;
+    for (int i = 0; i < 3; i++) c.rows[i] = 16, c.colsb[i] = 64;
+    c.rows[3] = 16, c.colsb[3] = 32;
+    c.rows[4] = 8, c.colsb[4] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Tile t's codes one byte each, as consecutive B tiles: chunk j (64 bytes) of the packed layout gives
+ * B row 2 j (its low nibbles: inputs 8 j .. 8 j + 3 of each lane) and 2 j + 1 (the high ones). So
+ * group g's B tile is the 512 bytes at b + 512 g. b: K * 16 bytes. */
+static void amx_unpack(const uint8_t *w, int K, int t, uint8_t *b) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    const size_t bytes = (size_t)K * TILE / 2;
+    const uint8_t *wt = w + (size_t)t * bytes;
+    for (size_t off = 0; off < bytes; off += 64) {
+        const __m512i v = _mm512_loadu_si512((const void *)(wt + off));
+        _mm512_store_si512((void *)(b + 2 * off), _mm512_and_si512(v, low));
+        _mm512_store_si512((void *)(b + 2 * off + 64), _mm512_and_si512(_mm512_srli_epi16(v, 4), low));
+    }
+}
+
+/* The VNNI body's epilogue for group g of rows [r0, r0 + 16): dots [16 rows][16 lanes] int32. */
+static inline __attribute__((always_inline)) void amx_epilogue(
+    __m512 *acc, const int32_t *dots, const uint8_t *sub, const uint16_t *sup, int G, int S, int t, int g,
+    const float *sx, const float *xsum, int r0) {
+    const uint16_t *sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE;
+    const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
+    const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + TILE)));
+    const uint8_t *sg = sub + ((size_t)t * G + g) * 2 * TILE;
+    const __m512 sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sg))));
+    const __m512 mv = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + TILE)))));
+    for (int i = 0; i < AMX_ROWS; i++) {
+        const size_t rg = (size_t)(r0 + i) * G + g;
+        const __m512i d = _mm512_load_si512((const void *)(dots + i * TILE));
+        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(sx[rg]));
+        acc[i] = _mm512_fmadd_ps(f, sv, acc[i]);
+        acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[rg]), acc[i]);
+    }
+}
+
+/* Group g's dots into tile C (tile numbers are immediates). tmm3, tmm4: the activations and codes. */
+#define AMX_ISSUE(C, g)                                                        \
+    do {                                                                       \
+        _tile_zero(C);                                                         \
+        _tile_loadd(3, xq + (size_t)r0 * K + (size_t)(g) * 32, K);             \
+        _tile_loadd(4, b + (size_t)(g) * 512, 64);                             \
+        _tile_dpbsud(C, 3, 4);                                                 \
+    } while (0)
+#define AMX_EPI(g, d) amx_epilogue(acc, d, sub, sup, G, S, t, g, sx, xsum, r0)
+
+/* Rows [r0, r0 + 16) against tile t, whose codes amx_unpack left in b (gs = 32). Software-pipelined
+ * three deep, group g in dot tile g % 3 and buffer g % 3: while the vector units scale group g, group
+ * g + 1's dots travel from their tile to memory and the tile unit computes group g + 2's. */
+static void amx_tile_rows(const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t,
+                          const int8_t *xq, const float *sx, const float *xsum, int r0, float *y, int N) {
+    const int G = K / 32, S = super_groups(G);
+    __attribute__((aligned(64))) int32_t dots[3][AMX_ROWS * TILE];
+    __m512 acc[AMX_ROWS];
+    for (int i = 0; i < AMX_ROWS; i++) acc[i] = _mm512_setzero_ps();
+    AMX_ISSUE(0, 0);
+    if (G > 1) AMX_ISSUE(1, 1);
+    _tile_stored(0, dots[0], 64);
+    for (int g = 0; g < G; g += 3) { /* here: group g is in dots[0], group g + 1 issued to tile 1 */
+        if (g + 2 < G) AMX_ISSUE(2, g + 2);
+        if (g + 1 < G) _tile_stored(1, dots[1], 64);
+        AMX_EPI(g, dots[0]);
+        if (g + 1 >= G) break;
+        if (g + 3 < G) AMX_ISSUE(0, g + 3);
+        if (g + 2 < G) _tile_stored(2, dots[2], 64);
+        AMX_EPI(g + 1, dots[1]);
+        if (g + 2 >= G) break;
+        if (g + 4 < G) AMX_ISSUE(1, g + 4);
+        if (g + 3 < G) _tile_stored(0, dots[0], 64);
+        AMX_EPI(g + 2, dots[2]);
+    }
+    for (int i = 0; i < AMX_ROWS; i++) _mm512_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE, acc[i]);
+}
+
+/* A thread's unpacked-codes buffer, kept for its next call: pool threads live as long as the pool
+ * (release_threads ends them, a few times per process; their buffers are not reclaimed). */
+static uint8_t *amx_buffer(size_t bytes) {
+    static _Thread_local uint8_t *buf;
+    static _Thread_local size_t size;
+    if (bytes > size) {
+        free(buf);
+        buf = aligned_alloc(64, bytes);
+        size = buf ? bytes : 0;
+    }
+    return buf;
+}
+#endif
+
 /* x [R, K] float -> xq int8 [R, K], sx / xsum float [R, K / gs] (sx = max|x| / 127, xsum = the float
  * sum of x); xqsum (may be NULL): the integer sums of xq per group, as float. */
 static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
@@ -361,9 +489,18 @@ static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, floa
     }
 }
 
+/* amx: a buffer of K * 16 bytes where AMX takes this call's blocks of 16 rows, else NULL. */
 static void tile(const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, int gs, int t,
-                 const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N) {
+                 const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N, uint8_t *amx) {
     int r0 = 0;
+#ifdef SPECDECODE_AMX
+    if (amx) {
+        amx_unpack(w, K, t, amx);
+        for (; r0 + AMX_ROWS <= R; r0 += AMX_ROWS) amx_tile_rows(amx, s, z, K, t, xq, sx, xsum, r0, y, N);
+    }
+#else
+    (void)amx;
+#endif
     for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS)
         tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, MAX_ROWS, y, N);
     switch (R - r0) { /* one specialised body per remainder, so the row loops unroll */
@@ -402,7 +539,11 @@ static void tile_i8(const uint8_t *w, const float *ws, int K, int t, const int8_
     }
 }
 
+#ifdef SPECDECODE_AMX
+const char *specdecode_isa(void) { return amx_granted() ? SPECDECODE_ISA "+amx" : SPECDECODE_ISA; }
+#else
 const char *specdecode_isa(void) { return SPECDECODE_ISA; }
+#endif
 
 /* y [R, N] = x [R, K] @ W^T. scratch: R * K bytes + 2 * R * (K / gs) floats, caller-owned.
  * Preconditions (checked by the caller): N % 16 == 0, K % gs == 0, gs % 8 == 0, R >= 1. */
@@ -410,9 +551,22 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
                           const uint16_t *sup, float *y, int8_t *xq, float *sx, float *xsum, int threads) {
     quantize_rows(x, R, K, gs, xq, sx, xsum, NULL);
     const int T = N / TILE;
+#ifdef SPECDECODE_AMX
+    const int amx = R >= AMX_ROWS && gs == 32 && amx_granted();
+#endif
     /* Static schedule: each thread streams one contiguous range of tiles (prefetch-friendly). */
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, y, N);
+#pragma omp parallel num_threads(threads)
+    {
+        uint8_t *buf = NULL;
+#ifdef SPECDECODE_AMX
+        if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin();
+#endif
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, y, N, buf);
+#ifdef SPECDECODE_AMX
+        if (buf) _tile_release();
+#endif
+    }
 }
 
 /* y [R, N] = x [R, K] @ (wscale * q)^T. scratch: R * K bytes + 3 * R * (K / 32) floats (+ R floats),
