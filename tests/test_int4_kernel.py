@@ -162,15 +162,15 @@ def test_int8_kernel_equals_its_exact_arithmetic(kernel):
 def test_every_row_gets_the_bits_of_a_one_row_pass(kernel, k):
     # Verification is lossless only if a row's output does not depend on how many rows share its
     # pass (a verify of t tokens must give what t one-token steps give). Row counts cover every pass
-    # of the bodies: blocks of 8 or 10 rows, their remainders, and AMX's blocks of 16 with a VNNI
-    # remainder; k from 1 to 16 groups covers the AMX pipeline's ends.
+    # of the bodies: blocks of 8 or 10 rows, their remainders, AMX's passes of 12-15 rows and its
+    # blocks of 16 with a VNNI remainder; k from 1 to 16 groups covers the AMX pipeline's ends.
     torch.manual_seed(4)
     n = 48
     codes, d, sc, dm, m = quantize_int4_super(torch.randn(n, k) * 0.05, 32)
     packed, (sub, sup) = pack_int4(codes, 32), scales(n, d, sc, dm, m)
     x = torch.randn(50, k)
     one = torch.cat([kernel.int4_gemm(x[i:i + 1], packed, sub, sup, n, 32) for i in range(len(x))])
-    for rows in (9, 10, 16, 17, 31, 32, 33, 50):
+    for rows in (9, 10, 11, 12, 13, 15, 16, 17, 31, 32, 33, 50):
         assert torch.equal(kernel.int4_gemm(x[:rows], packed, sub, sup, n, 32), one[:rows]), rows
 
 
@@ -183,7 +183,7 @@ def test_amx_body_gives_the_bits_of_the_vnni_body():
     n, k = 64, 1536
     codes, d, sc, dm, m = quantize_int4_super(torch.randn(n, k) * 0.05, 32)
     packed, (sub, sup) = pack_int4(codes, 32), scales(n, d, sc, dm, m)
-    for rows in (16, 21, 48, 80):
+    for rows in (12, 15, 16, 21, 48, 80):
         x = torch.randn(rows, k)
         assert torch.equal(amx.int4_gemm(x, packed, sub, sup, n, 32), vnni.int4_gemm(x, packed, sub, sup, n, 32)), rows
 

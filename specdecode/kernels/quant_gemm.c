@@ -357,6 +357,9 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
  * (tests/test_int4_kernel.py). Groups of 32 only (every Q4_K tensor); other sizes use VNNI. */
 #define SPECDECODE_AMX 1
 #define AMX_ROWS 16
+/* Fewer rows per pass than this stay on VNNI: below ~11 rows each group's fixed tile traffic (codes
+ * in, dots out) costs more than the vpdpbusd it saves (measured cache-hot, one thread). */
+#define AMX_MIN_ROWS 12
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -379,11 +382,11 @@ typedef struct {
 /* Per thread (tile configuration is thread state). tmm0-2: dots of three groups, 16 rows x 16 int32
  * lanes each; tmm3: 16 activation rows x one group of 32 int8; tmm4: the group's codes, 8 rows (4
  * inputs each) x 16 lanes x 4 bytes, AMX's B layout. */
-static void amx_begin(void) {
+static void amx_begin(int M) {
     amx_config c = {0};
     c.palette = 1;
-    for (int i = 0; i < 3; i++) c.rows[i] = 16, c.colsb[i] = 64;
-    c.rows[3] = 16, c.colsb[3] = 32;
+    for (int i = 0; i < 3; i++) c.rows[i] = M, c.colsb[i] = 64;
+    c.rows[3] = M, c.colsb[3] = 32;
     c.rows[4] = 8, c.colsb[4] = 64;
     _tile_loadconfig(&c);
 }
@@ -405,14 +408,14 @@ static void amx_unpack(const uint8_t *w, int K, int t, uint8_t *b) {
 /* The VNNI body's epilogue for group g of rows [r0, r0 + 16): dots [16 rows][16 lanes] int32. */
 static inline __attribute__((always_inline)) void amx_epilogue(
     __m512 *acc, const int32_t *dots, const uint8_t *sub, const uint16_t *sup, int G, int S, int t, int g,
-    const float *sx, const float *xsum, int r0) {
+    const float *sx, const float *xsum, int r0, const int M) {
     const uint16_t *sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE;
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
     const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + TILE)));
     const uint8_t *sg = sub + ((size_t)t * G + g) * 2 * TILE;
     const __m512 sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sg))));
     const __m512 mv = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + TILE)))));
-    for (int i = 0; i < AMX_ROWS; i++) {
+    for (int i = 0; i < M; i++) {
         const size_t rg = (size_t)(r0 + i) * G + g;
         const __m512i d = _mm512_load_si512((const void *)(dots + i * TILE));
         const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(sx[rg]));
@@ -429,17 +432,18 @@ static inline __attribute__((always_inline)) void amx_epilogue(
         _tile_loadd(4, b + (size_t)(g) * 512, 64);                             \
         _tile_dpbsud(C, 3, 4);                                                 \
     } while (0)
-#define AMX_EPI(g, d) amx_epilogue(acc, d, sub, sup, G, S, t, g, sx, xsum, r0)
+#define AMX_EPI(g, d) amx_epilogue(acc, d, sub, sup, G, S, t, g, sx, xsum, r0, M)
 
 /* Rows [r0, r0 + 16) against tile t, whose codes amx_unpack left in b (gs = 32). Software-pipelined
  * three deep, group g in dot tile g % 3 and buffer g % 3: while the vector units scale group g, group
  * g + 1's dots travel from their tile to memory and the tile unit computes group g + 2's. */
-static void amx_tile_rows(const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t,
-                          const int8_t *xq, const float *sx, const float *xsum, int r0, float *y, int N) {
+static inline __attribute__((always_inline)) void amx_tile_rows(
+    const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t, const int8_t *xq, const float *sx,
+    const float *xsum, int r0, float *y, int N, const int M) {
     const int G = K / 32, S = super_groups(G);
     __attribute__((aligned(64))) int32_t dots[3][AMX_ROWS * TILE];
     __m512 acc[AMX_ROWS];
-    for (int i = 0; i < AMX_ROWS; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < M; i++) acc[i] = _mm512_setzero_ps();
     AMX_ISSUE(0, 0);
     if (G > 1) AMX_ISSUE(1, 1);
     _tile_stored(0, dots[0], 64);
@@ -456,7 +460,19 @@ static void amx_tile_rows(const uint8_t *b, const uint8_t *sub, const uint16_t *
         if (g + 3 < G) _tile_stored(0, dots[0], 64);
         AMX_EPI(g + 2, dots[2]);
     }
-    for (int i = 0; i < AMX_ROWS; i++) _mm512_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE, acc[i]);
+    for (int i = 0; i < M; i++) _mm512_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE, acc[i]);
+}
+
+/* A pass of M rows, AMX_MIN_ROWS <= M <= AMX_ROWS (the tiles' configured height), M a constant in
+ * each body. */
+static void amx_rows(const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t, const int8_t *xq,
+                     const float *sx, const float *xsum, int r0, float *y, int N, int M) {
+    switch (M) {
+#define AMX_CASE(m) case m: amx_tile_rows(b, sub, sup, K, t, xq, sx, xsum, r0, y, N, m); break;
+    AMX_CASE(12) AMX_CASE(13) AMX_CASE(14) AMX_CASE(15) AMX_CASE(16) /* AMX_MIN_ROWS .. AMX_ROWS */
+#undef AMX_CASE
+    default: break;
+    }
 }
 
 /* A thread's unpacked-codes buffer, kept for its next call: pool threads live as long as the pool
@@ -489,14 +505,16 @@ static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, floa
     }
 }
 
-/* amx: a buffer of K * 16 bytes where AMX takes this call's blocks of 16 rows, else NULL. */
+/* amx: a buffer of K * 16 bytes where AMX takes this call's passes of min(R, 16) rows (the tiles' height,
+ * set by amx_begin), else NULL; the rows left over run on VNNI. */
 static void tile(const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, int gs, int t,
                  const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N, uint8_t *amx) {
     int r0 = 0;
 #ifdef SPECDECODE_AMX
     if (amx) {
         amx_unpack(w, K, t, amx);
-        for (; r0 + AMX_ROWS <= R; r0 += AMX_ROWS) amx_tile_rows(amx, s, z, K, t, xq, sx, xsum, r0, y, N);
+        const int M = R < AMX_ROWS ? R : AMX_ROWS;
+        for (; r0 + M <= R; r0 += M) amx_rows(amx, s, z, K, t, xq, sx, xsum, r0, y, N, M);
     }
 #else
     (void)amx;
@@ -552,14 +570,14 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
     quantize_rows(x, R, K, gs, xq, sx, xsum, NULL);
     const int T = N / TILE;
 #ifdef SPECDECODE_AMX
-    const int amx = R >= AMX_ROWS && gs == 32 && amx_granted();
+    const int amx = R >= AMX_MIN_ROWS && gs == 32 && amx_granted();
 #endif
     /* Static schedule: each thread streams one contiguous range of tiles (prefetch-friendly). */
 #pragma omp parallel num_threads(threads)
     {
         uint8_t *buf = NULL;
 #ifdef SPECDECODE_AMX
-        if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin();
+        if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin(R < AMX_ROWS ? R : AMX_ROWS);
 #endif
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, y, N, buf);
