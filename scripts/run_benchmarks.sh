@@ -264,3 +264,18 @@ done
 python scripts/bench_itl.py -t $T --pairs 20 --limit 5 --category writing --category qa --max-tokens 96 \
   --json-out out/r17_itl20.json
 python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96
+# Round 17: where the c = 8 time goes; the int4 kernel's AMX passes (12+ rows) against the VNNI body.
+specdecode bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --json-out out/r17_serve.json
+git show 2f78a03~1:specdecode/kernels/quant_gemm.c > /tmp/quant_gemm_committed.c  # before AMX
+python scripts/ab_kernels.py /tmp/quant_gemm_committed.c specdecode/kernels/quant_gemm.c --threads 1 --int4-only --rows 16,32,80
+python scripts/ab_kernels.py /tmp/quant_gemm_committed.c specdecode/kernels/quant_gemm.c --threads 2 --int4-only --stream --rows 12,16,80
+for i in 1 2; do
+  for f in "" "-DSPECDECODE_NO_AMX"; do
+    SPECDECODE_NATIVE_FLAGS="$f" python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 16 --prompt-tokens 256
+  done
+done
+for f in "" "-DSPECDECODE_NO_AMX" "-DSPECDECODE_NO_AMX" ""; do
+  SPECDECODE_NATIVE_FLAGS="$f" specdecode bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 \
+    --max-num-seqs 8
+done
