@@ -347,9 +347,9 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
 #endif
 
 #if defined(__AVX512VNNI__) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && !defined(SPECDECODE_NO_AMX)
-/* AMX (Sapphire Rapids and later Xeons) for passes of 16 or more rows: prefill, long verifies, wide
+/* AMX (Sapphire Rapids and later Xeons) for passes of 12 or more rows: prefill, long verifies, wide
  * batches. Beyond ~8 rows the VNNI body is bound by its vector ports: per row and group, 8 vpdpbusd
- * and 4 float operations. One TDPBSUD computes a group's dots for 16 rows x 16 lanes (the 128
+ * and 4 float operations. One TDPBSUD computes a group's dots for up to 16 rows x 16 lanes (the 128
  * vpdpbusd of those rows) on the tile unit, leaving the vector ports the float epilogue alone. Each
  * group has its own scales, so the dots leave the tile after every group (K = 32 per multiply), and
  * the epilogue is the VNNI body's, operation for operation: the same integers meet the same float
@@ -379,8 +379,8 @@ typedef struct {
     uint8_t rows[16];
 } amx_config;
 
-/* Per thread (tile configuration is thread state). tmm0-2: dots of three groups, 16 rows x 16 int32
- * lanes each; tmm3: 16 activation rows x one group of 32 int8; tmm4: the group's codes, 8 rows (4
+/* Per thread (tile configuration is thread state). tmm0-2: dots of three groups, M rows x 16 int32
+ * lanes each; tmm3: M activation rows x one group of 32 int8; tmm4: the group's codes, 8 rows (4
  * inputs each) x 16 lanes x 4 bytes, AMX's B layout. */
 static void amx_begin(int M) {
     amx_config c = {0};
