@@ -88,6 +88,22 @@ static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax
     *qsum = _mm512_reduce_add_epi32(vq);
 }
 
+/* Group g's float epilogue, shared by the VNNI and AMX passes so that both give a row the same bits:
+ * the lanes' scale d sc and minimum dm m from the sub-scale bytes sg, then per row
+ * acc += (dot * sx) * (d sc) + (dm m) * xsum, in this order. */
+static inline __attribute__((always_inline)) void group_scales(const uint8_t *sg, __m512 dv, __m512 dmv,
+                                                              __m512 *sv, __m512 *mv) {
+    *sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sg))));
+    *mv = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + TILE)))));
+}
+
+static inline __attribute__((always_inline)) void group_row(__m512 *acc, __m512i dot, const float *sx,
+                                                            const float *xsum, __m512 sv, __m512 mv) {
+    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(*sx));
+    *acc = _mm512_fmadd_ps(f, sv, *acc);
+    *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(*xsum), *acc);
+}
+
 /* Rows [r0, r0 + RB) against tile t: RB is a compile-time constant after inlining. */
 static inline __attribute__((always_inline)) void tile_rows(
     const uint8_t *w, const uint8_t *sub, const uint16_t *sup, int K, int gs, int t, const int8_t *xq,
@@ -121,14 +137,11 @@ static inline __attribute__((always_inline)) void tile_rows(
                 dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(*(const int32_t *)(xp + 4)));
             }
         }
-        const uint8_t *sg = sub + tg * 2 * TILE;
-        const __m512 sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sg))));
-        const __m512 mv = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + TILE)))));
+        __m512 sv, mv;
+        group_scales(sub + tg * 2 * TILE, dv, dmv, &sv, &mv);
         for (int i = 0; i < RB; i++) {
             const size_t rg = (size_t)(r0 + i) * G + g;
-            const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_set1_ps(sx[rg]));
-            acc[i] = _mm512_fmadd_ps(f, sv, acc[i]);
-            acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[rg]), acc[i]);
+            group_row(&acc[i], dot[i], sx + rg, xsum + rg, sv, mv);
         }
     }
     for (int i = 0; i < RB; i++) _mm512_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE, acc[i]);
@@ -360,6 +373,8 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
 /* Fewer rows per pass than this stay on VNNI: below ~11 rows each group's fixed tile traffic (codes
  * in, dots out) costs more than the vpdpbusd it saves (measured cache-hot, one thread). */
 #define AMX_MIN_ROWS 12
+/* The tiles' height for a call of R rows: its passes of that many rows run on AMX, the rest on VNNI. */
+static inline int amx_height(int R) { return R < AMX_ROWS ? R : AMX_ROWS; }
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -405,22 +420,18 @@ static void amx_unpack(const uint8_t *w, int K, int t, uint8_t *b) {
     }
 }
 
-/* The VNNI body's epilogue for group g of rows [r0, r0 + 16): dots [16 rows][16 lanes] int32. */
+/* The VNNI body's epilogue for group g of rows [r0, r0 + M): dots [M rows][16 lanes] int32. */
 static inline __attribute__((always_inline)) void amx_epilogue(
     __m512 *acc, const int32_t *dots, const uint8_t *sub, const uint16_t *sup, int G, int S, int t, int g,
     const float *sx, const float *xsum, int r0, const int M) {
     const uint16_t *sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE;
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
     const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + TILE)));
-    const uint8_t *sg = sub + ((size_t)t * G + g) * 2 * TILE;
-    const __m512 sv = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)sg))));
-    const __m512 mv = _mm512_mul_ps(dmv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sg + TILE)))));
+    __m512 sv, mv;
+    group_scales(sub + ((size_t)t * G + g) * 2 * TILE, dv, dmv, &sv, &mv);
     for (int i = 0; i < M; i++) {
         const size_t rg = (size_t)(r0 + i) * G + g;
-        const __m512i d = _mm512_load_si512((const void *)(dots + i * TILE));
-        const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(d), _mm512_set1_ps(sx[rg]));
-        acc[i] = _mm512_fmadd_ps(f, sv, acc[i]);
-        acc[i] = _mm512_fmadd_ps(mv, _mm512_set1_ps(xsum[rg]), acc[i]);
+        group_row(&acc[i], _mm512_load_si512((const void *)(dots + i * TILE)), sx + rg, xsum + rg, sv, mv);
     }
 }
 
@@ -505,15 +516,15 @@ static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, floa
     }
 }
 
-/* amx: a buffer of K * 16 bytes where AMX takes this call's passes of min(R, 16) rows (the tiles' height,
- * set by amx_begin), else NULL; the rows left over run on VNNI. */
+/* amx: a buffer of K * 16 bytes where AMX takes this call's passes of amx_height(R) rows (the tiles'
+ * height, set by amx_begin), else NULL; the rows left over run on VNNI. */
 static void tile(const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, int gs, int t,
                  const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N, uint8_t *amx) {
     int r0 = 0;
 #ifdef SPECDECODE_AMX
     if (amx) {
         amx_unpack(w, K, t, amx);
-        const int M = R < AMX_ROWS ? R : AMX_ROWS;
+        const int M = amx_height(R);
         for (; r0 + M <= R; r0 += M) amx_rows(amx, s, z, K, t, xq, sx, xsum, r0, y, N, M);
     }
 #else
@@ -577,7 +588,7 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
     {
         uint8_t *buf = NULL;
 #ifdef SPECDECODE_AMX
-        if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin(R < AMX_ROWS ? R : AMX_ROWS);
+        if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin(amx_height(R));
 #endif
 #pragma omp for schedule(static)
         for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, y, N, buf);
