@@ -33,6 +33,7 @@ def median_time(fn, reps: int = 5) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,5,9", help="comma-separated activation row counts")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     k = native_kernels()
@@ -46,7 +47,7 @@ def main():
     int4_bytes = sum(p.numel() + s[0].numel() + 2 * s[1].numel() for _, _, p, s in mats)
     head, head_scale = torch.randint(0, 256, (151936, 1536), dtype=torch.uint8), torch.ones(151936)
     print(f"isa {k.isa}, int4 matrices {int4_bytes / 1e6:.0f} MB, int8 head {head.numel() / 1e6:.0f} MB")
-    for r in (1, 5, 9):
+    for r in (int(x) for x in a.rows.split(",")):
         xs = {kk: torch.randn(r, kk) for kk in (1536, 8960)}
         t4 = median_time(lambda: [k.int4_gemm(xs[kk], p, *s, n, 32) for n, kk, p, s in mats])
         t8 = median_time(lambda: k.int8_gemm(xs[1536], head, head_scale, 151936))

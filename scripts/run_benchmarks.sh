@@ -279,3 +279,13 @@ for f in "" "-DSPECDECODE_NO_AMX" "-DSPECDECODE_NO_AMX" ""; do
   SPECDECODE_NATIVE_FLAGS="$f" specdecode bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 \
     --max-num-seqs 8
 done
+# Round 18: the AMX pass decomposed (timing-only variants of quant_gemm.c, each with one part removed; not kept).
+for v in noepi nostore epionly nounpack; do
+  python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_$v.c --threads 1 --int4-only --rows 16,80 --no-check
+done
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_dbl.c --threads 1 --int4-only --rows 12,16,32,80
+python scripts/bench_kernels.py --threads $T --rows 1,8,16,32,80
+# Round 18: what auto's per-step choice leaves on the table; the coding probe of Spec-Bench's first category runs.
+specdecode bench -t $T --spec-types auto,eagle3,suffix,ngram --category coding --limit 5 --max-tokens 128 \
+  --json-out out/r18_coding_probe.json
+python scripts/chain_choice_probe.py --category coding --limit 10 --category writing --limit 3
