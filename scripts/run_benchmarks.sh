@@ -279,11 +279,18 @@ for f in "" "-DSPECDECODE_NO_AMX" "-DSPECDECODE_NO_AMX" ""; do
   SPECDECODE_NATIVE_FLAGS="$f" specdecode bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 \
     --max-num-seqs 8
 done
-# Round 18: the AMX pass decomposed (timing-only variants of quant_gemm.c, each with one part removed; not kept).
+# Round 18: the AMX pass decomposed: timing-only variants of quant_gemm.c, each with one part removed.
+q=specdecode/kernels/quant_gemm.c
+sed 's/^#define AMX_EPI(g, d) .*/#define AMX_EPI(g, d) do { acc[0] = _mm512_add_ps(acc[0], _mm512_castsi512_ps(_mm512_load_si512((const void*)(d)))); } while (0)/' $q > /tmp/qg_noepi.c
+sed -e 's/^#define AMX_EPI(g, d) .*/#define AMX_EPI(g, d) do { } while (0)/' -e 's/_tile_stored(\([012]\), dots\[[012]\], 64);/;/' $q > /tmp/qg_nostore.c
+sed -e 's/_tile_stored(\([012]\), dots\[[012]\], 64);/;/' \
+    -e 's/__attribute__((aligned(64))) int32_t dots\[3\]\[AMX_ROWS \* TILE\];/__attribute__((aligned(64))) int32_t dots[3][AMX_ROWS * TILE] = {{0}};/' $q > /tmp/qg_epionly.c
+sed 's/^        amx_unpack(w, K, t, amx);/        (void)0;/' $q > /tmp/qg_nounpack.c
 for v in noepi nostore epionly nounpack; do
   python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_$v.c --threads 1 --int4-only --rows 16,80 --no-check
 done
-python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_dbl.c --threads 1 --int4-only --rows 12,16,32,80
+# /tmp/qg_dbl.c (double-buffered operand tiles; its source was not kept):
+# python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_dbl.c --threads 1 --int4-only --rows 12,16,32,80
 python scripts/bench_kernels.py --threads $T --rows 1,8,16,32,80
 # Round 18: what auto's per-step choice leaves on the table; the coding probe of Spec-Bench's first category runs.
 specdecode bench -t $T --spec-types auto,eagle3,suffix,ngram --category coding --limit 5 --max-tokens 128 \
