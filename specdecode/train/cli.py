@@ -168,7 +168,8 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
 
 
 # Prompts answered per batch: 32 rows per decode step let the int4 kernel's AMX passes (16 rows each)
-# take the whole step where the CPU has AMX; answers are the same at any batch (rows are independent).
+# take the whole step where the CPU has AMX; on the CPU kernels a row's result does not depend on the
+# others in its batch, so the answers are the same at any batch size.
 DISTILL_BATCH = 32
 
 
