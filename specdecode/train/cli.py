@@ -120,10 +120,16 @@ def _aux_layers(model, kind: str) -> tuple[int, ...]:
     return default_aux_layers(model.cfg.num_layers) if kind == "eagle3" else ()
 
 
+# Prompts answered per batch: 32 rows per decode step let the int4 kernel's AMX passes (16 rows each)
+# take the whole step where the CPU has AMX; on the CPU kernels a row's result does not depend on the
+# others in its batch, so the answers are the same at any batch size.
+DISTILL_BATCH = 32
+
+
 def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
     """Extracts (or resumes extracting) the target's features of the train and held-out windows;
     False if the deadline came first."""
-    from .data import (check_prompt_file, distill_prompts, extract_shard, general_prompts, is_heldout,
+    from .data import (answered, check_prompt_file, distill_prompts, extract_shard, general_prompts, is_heldout,
                        sample_windows, write_manifest)
 
     # "general" and "quant" enter the manifest only when used, so caches built before those flags
@@ -152,7 +158,8 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
         windows = sample_windows(tok, fs, a.seq_len, budget, seed)
         if n_distill or gen:
             prompts = distill_prompts(fs, n_distill, seed) + gen + (extra if split == "train" else [])
-            got = _distill(model, tok, prompts, fdir / f"distill_{split}.json", a, deadline)
+            got = answered(model, tok, prompts, a.distill_tokens, DISTILL_BATCH, fdir / f"distill_{split}.json",
+                           deadline)
             if got is None:
                 return False
             windows += [s[:a.seq_len] for s in got]
@@ -165,26 +172,3 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
             torch.save(extract_shard(model, windows[i:i + 16], layers), f)
             print(f"features {split}: {min(i + 16, len(windows))}/{len(windows)} windows", flush=True)
     return True
-
-
-# Prompts answered per batch: 32 rows per decode step let the int4 kernel's AMX passes (16 rows each)
-# take the whole step where the CPU has AMX; on the CPU kernels a row's result does not depend on the
-# others in its batch, so the answers are the same at any batch size.
-DISTILL_BATCH = 32
-
-
-def _distill(model, tok, prompts: list[str], cache: Path, a, deadline) -> list[list[int]] | None:
-    """The target's answers, DISTILL_BATCH prompts at a time, cached in ``cache`` (resumable); None at the
-    deadline."""
-    from .data import self_distill
-
-    done = json.loads(cache.read_text()) if cache.exists() else []
-    dtype = str(model.dtype).removeprefix("torch.")
-    while len(done) < len(prompts):
-        if deadline is not None and time.time() > deadline:
-            return None
-        done += self_distill(model, tok, prompts[len(done):len(done) + DISTILL_BATCH], a.distill_tokens,
-                             DISTILL_BATCH, dtype)
-        cache.write_text(json.dumps(done))
-        print(f"self-distillation: {len(done)}/{len(prompts)} answers", flush=True)
-    return done

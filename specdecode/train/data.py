@@ -15,6 +15,7 @@ import json
 import random
 import re
 import sysconfig
+import time
 from pathlib import Path
 
 import torch
@@ -265,6 +266,21 @@ def self_distill(model, tokenizer, prompts: list[str], max_new: int, batch: int,
     enc = [llm.encode_chat([{"role": "user", "content": p}]) if chat else tokenizer.encode(p) for p in prompts]
     outs = llm.generate(enc, SamplingParams(temperature=0, max_tokens=max_new))
     return [e + o.token_ids for e, o in zip(enc, outs)]
+
+
+def answered(model, tokenizer, prompts: list[str], max_new: int, batch: int, cache: Path,
+             deadline: float | None = None) -> list[list[int]] | None:
+    """self_distill over ``prompts``, ``batch`` at a time, cached in ``cache`` after every batch (a rerun
+    resumes where the last one stopped); None if ``deadline`` (a time.time()) came first."""
+    done = json.loads(cache.read_text()) if cache.exists() else []
+    dtype = str(model.dtype).removeprefix("torch.")
+    while len(done) < len(prompts):
+        if deadline is not None and time.time() > deadline:
+            return None
+        done += self_distill(model, tokenizer, prompts[len(done):len(done) + batch], max_new, batch, dtype)
+        cache.write_text(json.dumps(done))
+        print(f"self-distillation: {len(done)}/{len(prompts)} answers", flush=True)
+    return done
 
 
 def check_prompt_file(path: str) -> None:

@@ -20,7 +20,6 @@ lists the options."""
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import time
@@ -63,16 +62,9 @@ def sequences(files: list[Path], tok, seq_len: int, seed: int, chat_fraction: fl
 def distilled(model, tok, files: list[Path], n: int, max_new: int, seed: int, cache: Path) -> list[list[int]]:
     """prompt + the target's greedy answer for n chat prompts written from ``files`` (train/data.py's
     prompts and generation, the EAGLE trainer's too), cached in ``cache`` (resumable)."""
-    from .data import distill_prompts, self_distill
+    from .data import answered, distill_prompts
 
-    done = json.loads(cache.read_text()) if cache.exists() else []
-    prompts = distill_prompts(files, n, seed)
-    while len(done) < len(prompts):
-        done += self_distill(model, tok, prompts[len(done):len(done) + 8], max_new, 8,
-                             str(model.dtype).removeprefix("torch."))
-        cache.write_text(json.dumps(done))
-        print(f"self-distillation: {len(done)}/{len(prompts)} answers", flush=True)
-    return done
+    return answered(model, tok, distill_prompts(files, n, seed), max_new, 8, cache)
 
 
 def packed(convs: list[list[int]], seq_len: int, eos: int):
