@@ -18,16 +18,17 @@ from pathlib import Path
 
 from specdecode import LLM, SamplingParams
 from specdecode.speculative.chain import ChainProposer
+from specdecode.speculative.tree import DraftTree
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/datasets/spec_bench/question.jsonl"
 
 
-def accepted(tree: tuple[list[int], list[int]], truth: list[int]) -> int:
-    """Depth of the longest path of the tree that matches truth from the root."""
-    tokens, parents = tree
+def accepted(tree: DraftTree, truth: list[int]) -> int:
+    """How deep the tree matches truth from the root, taking the first matching child at each node as
+    exact-match verification does."""
     node, n = -1, 0
     for t in truth:
-        nxt = [i for i, p in enumerate(parents) if p == node and tokens[i] == t]
+        nxt = [i for i in tree.children(node) if tree.tokens[i] == t]
         if not nxt:
             break
         node, n = nxt[0], n + 1
@@ -52,7 +53,7 @@ def main() -> None:
             st = self._st(seq)
             if st.ready:
                 chosen = None if st.choice is None else self.members[st.choice].name
-                trees = {self.members[i].name: (t.tokens[:], t.parents[:]) for i, t in st.ready.items()}
+                trees = {self.members[i].name: DraftTree(t.tokens[:], t.parents[:]) for i, t in st.ready.items()}
                 plans.append((seq, seq.num_tokens, chosen, trees))
 
     def recording_observe(self, seq, k, drafted, n_accepted):
@@ -85,7 +86,7 @@ def main() -> None:
                     c["head over suffix: head accepted"] += got
                     c["head over suffix: suffix would accept"] += acc["suffix"]
                     c["head over suffix: union would accept"] += max(got, acc["suffix"])
-                    c["head over suffix: suffix nodes"] += len(trees["suffix"][0])
+                    c["head over suffix: suffix nodes"] += len(trees["suffix"])
         print(cat, json.dumps(dict(c)), flush=True)
 
 
