@@ -23,18 +23,6 @@ from specdecode.speculative.tree import DraftTree
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/datasets/spec_bench/question.jsonl"
 
 
-def accepted(tree: DraftTree, truth: list[int]) -> int:
-    """How deep the tree matches truth from the root, taking the first matching child at each node as
-    exact-match verification does."""
-    node, n = -1, 0
-    for t in truth:
-        nxt = [i for i in tree.children(node) if tree.tokens[i] == t]
-        if not nxt:
-            break
-        node, n = nxt[0], n + 1
-    return n
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -47,8 +35,8 @@ def main() -> None:
     plans, verified = [], {}
     plan, observe = ChainProposer.plan, ChainProposer.observe
 
-    def recording_plan(self, seqs, rooms, value, fixed=False):
-        plan(self, seqs, rooms, value, fixed)
+    def recording_plan(self, seqs, rooms, value, fixed=False, verify=None):
+        plan(self, seqs, rooms, value, fixed, verify)
         for seq in seqs:
             st = self._st(seq)
             if st.ready:
@@ -66,7 +54,7 @@ def main() -> None:
     for line in SPEC_BENCH.read_text().splitlines():
         q = json.loads(line)
         by_cat[q["category"]].append(q["turns"][0])
-    llm = LLM(a.model, spec_type="auto", threads=a.threads)
+    llm = LLM(a.model, spec_type="auto", spec_merge="off", threads=a.threads)  # what the choice alone leaves
     for cat, limit in zip(a.category, a.limit):
         c = collections.Counter()
         for prompt in by_cat[cat][:limit]:
@@ -76,7 +64,7 @@ def main() -> None:
                          SamplingParams(temperature=0, max_tokens=a.max_tokens))
             for seq, pos, chosen, trees in plans:
                 truth = seq.tokens[pos:]
-                acc = {m: accepted(t, truth) for m, t in trees.items()}
+                acc = {m: t.match(truth) for m, t in trees.items()}
                 c["steps with a draftless draft"] += 1
                 c["of them, two draftless drafts"] += len(trees) > 1
                 c[f"chosen {chosen}"] += 1

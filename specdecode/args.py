@@ -57,6 +57,9 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "(--spec-head or the bundled head) when there is one, full keeps all")
     p.add_argument("--draft-fixed", action="store_true",
                    help="always draft each drafter's most tokens (--draft-max for models; no cost model)")
+    p.add_argument("--spec-merge", default=_SPEC["spec_merge"], choices=("auto", "always", "off"),
+                   help="a chain (auto, a list) verifies a head's or draft model's draft and an n-gram or suffix "
+                        "draft as one tree: auto when that pays, always, or off")
     p.add_argument("--spec-ngram-size-n", dest="ngram_size_n", type=int, default=_SPEC["ngram_size_n"])
     p.add_argument("--spec-ngram-size-m", dest="ngram_size_m", type=int, default=_SPEC["ngram_size_m"],
                    help="most tokens ngram-simple and ngram draft per step")

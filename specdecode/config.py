@@ -25,6 +25,9 @@ class SpecConfig:
     draft_min: int = 0  # --draft-min: fewer useful draft tokens than this -> do not draft
     draft_p_min: float = 0.75  # --draft-p-min: stop a greedy draft when its top probability falls below
     draft_fixed: bool = False  # --draft-fixed: always draft draft_max tokens (experiments; no cost model)
+    # --spec-merge: a chain verifies a model member's draft and a draftless one's as one tree: auto (when
+    # the controller finds it pays), always (whenever both have one; with --draft-fixed too), off
+    spec_merge: str = "auto"
     draft_vocab: str = "auto"  # --draft-vocab: the draft model's LM head rows: auto (a head's draft vocabulary) | full
     ngram_size_n: int = 3  # --spec-ngram-size-n: tokens matched by ngram-simple
     ngram_size_m: int = 48  # --spec-ngram-size-m: most tokens ngram-simple and ngram draft (llama.cpp's size-m)
@@ -46,6 +49,8 @@ class SpecConfig:
         from .errors import InvalidRequestError
 
         members = spec_members(self.spec_type)
+        if self.spec_merge not in ("auto", "always", "off"):
+            raise InvalidRequestError(f"unknown --spec-merge {self.spec_merge!r} (auto, always, off)")
         if self.draft_vocab not in ("auto", "full"):
             raise InvalidRequestError(f"unknown --draft-vocab {self.draft_vocab!r} (auto, full)")
         if self.spec_type not in ("auto", "none") and (not members or any(m not in DRAFTERS for m in members)

@@ -154,3 +154,144 @@ def test_a_chain_members_record_fades_while_another_member_drafts():
     for _ in range(500):
         chain.observe(seq, 3, 3, 3)  # member 1 drafts well for a long while
     assert low < 0.3 and st.acceptance[0].alphas(1)[0] > 0.7
+
+
+# -- merged drafts ----------------------------------------------------------------------------------
+
+def test_tree_union_shares_common_prefixes_and_keeps_its_limit():
+    from specdecode.speculative.tree import DraftTree
+
+    head = DraftTree.chain([5, 6, 7])
+    other = DraftTree([5, 8, 9, 6], [-1, 0, 1, 0])  # 5 is shared; 5->6 too; 8 branches off at depth 2
+    union, held = head.union(other, limit=10)
+    assert (union.tokens, union.parents, held) == ([5, 6, 7, 8, 9], [-1, 0, 1, 0, 3], 4)
+    assert [union.match(t) for t in ([5, 6, 7, 1], [5, 8, 9], [5, 8, 1], [4])] == [3, 3, 2, 0]
+    assert head.match([5, 8, 9]) == 1 and other.match([5, 6, 7]) == 2
+    union, held = head.union(other, limit=4)  # room for 8 only: other's first 2 nodes
+    assert (union.tokens, union.parents, held) == ([5, 6, 7, 8], [-1, 0, 1, 0], 2)
+
+
+class _Scripted:
+    """A drafter that always drafts the same chain (a stand-in for a head or an n-gram pool)."""
+
+    def __new__(cls, name, tokens, draftless, cost=0.0):
+        from specdecode.speculative.proposer import Proposer
+        from specdecode.speculative.tree import DraftTree
+
+        class P(Proposer):
+            chain_drafts = False
+
+            def propose(self, seqs, max_tokens):
+                return [DraftTree.chain(tokens[:k]) for k in max_tokens]
+
+            def draft_cost(self, n=1):
+                return cost
+
+            @property
+            def max_tokens(self):
+                return len(tokens)
+
+        p = P()
+        p.name, p.draftless = name, draftless
+        return p
+
+
+def _step(chain, seq, verify, truth):
+    """One planned, proposed, verified (greedy, against ``truth``) and committed step of ``chain``."""
+    from specdecode.speculative.controller import best_rate
+
+    chain.plan([seq], [8], lambda a, c, d, k: best_rate(a, c, verify, k, d), verify=verify)
+    tree = chain.propose([seq], [3])[0]
+    accepted = tree.match(truth)
+    seq.tokens = seq.tokens + truth[:accepted + 1]
+    chain.commit(seq, accepted, None)
+    by = chain.drafted_by(seq)
+    chain.observe(seq, 3, max(tree.depths(), default=0), accepted)
+    return tree, accepted, by
+
+
+def test_chain_merges_a_draftless_draft_into_the_heads_tree_when_it_pays():
+    """The head drafts [1, 2, 3], the n-gram pool [1, 7, 8]; the target continues 1, 7, 8: the union
+    accepts the pool's branch. Each member is credited with its own match (head 1, pool 3), so the
+    head's record falls, the pool's rises. When verifying more rows costs more than they bring, the
+    head drafts alone."""
+    from types import SimpleNamespace
+
+    from specdecode.speculative.chain import ChainProposer
+
+    head = _Scripted("eagle3", [1, 2, 3], draftless=False, cost=0.01)
+    pool = _Scripted("ngram-mod", [1, 7, 8], draftless=True)
+    chain = ChainProposer([head, pool])
+    P, H = chain.members.index(pool), chain.members.index(head)  # draftless members come first
+    cheap = lambda t: 1.0 + 0.001 * t  # noqa: E731  (verifying a row costs 0.1 % of a step)
+    seq = SimpleNamespace(draft_state=None, tokens=[0])
+    st = chain._st(seq)
+    for _ in range(5):  # the pool's record is poor: alone it would not be chosen over the head
+        st.acceptance[P].observe(3, 0)
+    tree, accepted, by = _step(chain, seq, cheap, [1, 7, 8, 9])
+    assert (tree.tokens, tree.parents) == ([1, 2, 3, 7, 8], [-1, 0, 1, 0, 3])
+    assert (accepted, by, seq.tokens) == (3, "ngram-mod+eagle3", [0, 1, 7, 8, 9])
+    assert st.matched == {H: 1, P: 3}
+    assert st.acceptance[H].tries[:2] == [1.0, 1.0] and st.acceptance[H].hits[:2] == [1.0, 0.0]
+    assert st.acceptance[P].hits[2] > 0  # the pool's third position was accepted
+    # verifying t tokens costs t steps: extra rows never pay, the head's draft is verified alone
+    tree, _, by = _step(chain, seq, lambda t: float(t), [1, 2, 3, 4])
+    assert by in ("eagle3", "none") and 7 not in tree.tokens
+    off = ChainProposer([_Scripted("eagle3", [1, 2, 3], False, 0.01), _Scripted("ngram-mod", [1, 7, 8], True)],
+                        merge="off")
+    seq = SimpleNamespace(draft_state=None, tokens=[0])
+    for _ in range(5):
+        off._st(seq).acceptance[0].observe(3, 0)
+    assert _step(off, seq, cheap, [1, 7, 8, 9])[2] == "eagle3"
+
+
+def test_a_sampled_draft_is_verified_alone():
+    """A draft model's draft at T > 0 carries its q: it never merges with a deterministic draft."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from specdecode.speculative.chain import ChainProposer
+    from specdecode.speculative.tree import DraftTree
+
+    head = _Scripted("draft", [1, 2, 3], draftless=False)
+    head.propose = lambda seqs, max_tokens: [DraftTree.chain([1, 2, 3][:k], torch.full((min(k, 3), 10), 0.1))
+                                             for k in max_tokens]
+    chain = ChainProposer([head, _Scripted("ngram-mod", [1, 7, 8], True)], merge="always")
+    seq = SimpleNamespace(draft_state=None, tokens=[0])
+    chain.plan([seq], [8], lambda a, c, d, k: (1.0, min(k, 3)), fixed=True)
+    assert chain._st(seq).merged is not None
+    tree = chain.propose([seq], [3])[0]
+    assert tree.tokens == [1, 2, 3] and tree.draft_probs is not None and chain._st(seq).merged is None
+
+
+@pytest.mark.parametrize("merge", ["always", "auto"])
+def test_merged_chains_keep_greedy_output(plain, merge):
+    """A draft model and n-gram drafts merged into one tree: greedy output is plain decoding's, alone
+    and in a batch; the draft model's cache keeps only the entries its own drafts match."""
+    llm = tiny_llm("ngram,draft", max_num_seqs=3, draft_seed=0, draft_noise=0.3, spec_merge=merge,
+                   draft_fixed=merge == "always", draft_max=3)
+    merged = 0
+    for p, want in zip(PROMPTS, plain):
+        out = llm.generate(p, GREEDY)[0]
+        assert out.token_ids == want
+        merged += out.stats["spec"]["by_drafter"].get("ngram+draft", {"steps": 0})["steps"]
+    assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY)] == plain
+    if merge == "always":
+        assert merged > 3
+
+
+def test_the_draft_models_cache_keeps_only_what_its_own_drafts_match():
+    """In a merged step the accepted tokens may be another member's: the draft model's cache keeps
+    its entries up to its first draft the sequence does not hold, not num_accepted of them."""
+    llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=3, draft_p_min=0.0)
+    eng, prop = llm.engine, llm.engine.proposer
+    seq = eng.add_request(PROMPTS[2], GREEDY)
+    eng.step()  # prefill and a first step
+    drafts = prop.propose([seq], [3])[0].tokens
+    st = seq.draft_state
+    root_end = len(seq.tokens)  # entries of positions < root_end hold the sequence's tokens
+    other = (drafts[0] + 1) % 64
+    seq.append([other, 5])  # another member's first token accepted, then the target's
+    prop.commit(seq, 1, None)
+    assert prop.kv.lengths[st.slot] == root_end - st.skipped and st.length == root_end

@@ -47,10 +47,10 @@ def smollm2():
 
 def sample(llm, seeds, batch: int = 16) -> Counter:
     """The first three tokens of one request per seed, ``batch`` requests in flight at a time; the
-    draft tokens verified on the way are counted under the key "drafted"."""
+    draft tokens verified on the way are counted in ``.drafted``, the steps by drafter in ``.by``."""
     eng = llm.engine
     prompt = llm.tokenizer.encode(PROMPT_TEXT)
-    out, pending, drafted = Counter(), list(seeds), 0
+    out, pending, drafted, by = Counter(), list(seeds), 0, Counter()
     while pending:
         seqs = [eng.add_request(prompt, SamplingParams(temperature=2.0, top_k=3, max_tokens=3, seed=s,
                                                        ignore_eos=True)) for s in pending[:batch]]
@@ -59,7 +59,9 @@ def sample(llm, seeds, batch: int = 16) -> Counter:
             eng.step()
         out.update(tuple(s.output_ids) for s in seqs)
         drafted += sum(s.stats.draft_tokens for s in seqs)
-    out.drafted = drafted
+        for s in seqs:
+            by.update({name: d["steps"] for name, d in s.stats.by_drafter.items()})
+    out.drafted, out.by = drafted, by
     return out
 
 
@@ -106,6 +108,9 @@ CONFIGS = {
     "eagle3 chain": dict(spec_type="eagle3", num_steps=3, eagle_topk=1, num_draft_tokens=4),
     "eagle3 tree": dict(spec_type="eagle3", num_steps=3, eagle_topk=2, num_draft_tokens=6),
     "chain suffix,ngram-mod,draft": dict(spec_type="suffix,ngram-mod,draft", ngram_mod_n_match=2),
+    # every step where ngram-mod finds a draft verifies it merged into the head's tree
+    "merged ngram-mod+eagle3 tree": dict(spec_type="ngram-mod,eagle3", ngram_mod_n_match=2, spec_merge="always",
+                                         num_steps=3, eagle_topk=2, num_draft_tokens=6),
 }
 
 
@@ -132,6 +137,8 @@ def test_engine_sampling_matches_plain_decoding(smollm2, reference, name):
     p = two_sample_pvalue(reference, got)
     assert p > ALPHA, (name, p, reference.most_common(5), got.most_common(5))
     assert got.drafted > N  # drafts were verified: the rule really ran
+    if name.startswith("merged"):
+        assert got.by["ngram-mod+eagle3"] > N // 4, got.by  # merged trees were verified
 
 
 def test_engine_sampling_at_batch_one(smollm2, reference):

@@ -78,3 +78,19 @@ def test_a_seed_fixes_sampled_draft_model_output_too():
 
 def test_different_seeds_give_different_text(plain_outputs):
     assert len({tuple(v) for (p, s), v in plain_outputs.items() if p == tuple(PROMPT_A)}) > 1
+
+
+@pytest.mark.parametrize("knobs", [(3, 1, 4), (3, 2, 6)])
+def test_seeded_text_is_plain_text_for_merged_trees(knobs):
+    """An n-gram draft merged into the head's tree every step it finds one: still plain sampling's text."""
+    m = target(bigram=True)
+    plain = eagle_llm(m)
+    for head in (forced_head(m, noise=0.3), random_head(m)):
+        merged = eagle_llm(m, "ngram,eagle3", head, knobs, spec_merge="always")
+        steps = 0
+        for i, prompt in enumerate(PROMPTS):
+            params = sampled(i, temperature=0.7)
+            out = merged.generate(prompt, params)[0]
+            assert out.token_ids == plain.generate(prompt, params)[0].token_ids
+            steps += out.stats["spec"]["by_drafter"].get("ngram+eagle3", {"steps": 0})["steps"]
+        assert steps > 0

@@ -231,7 +231,7 @@ class Engine:
             return self.costs.verify_cost(batch, t)
 
         prop.plan(seqs, rooms, lambda alphas, cost, depth, k_max: best_rate(alphas, cost, verify, k_max, depth),
-                  fixed=spec.draft_fixed)
+                  fixed=spec.draft_fixed, verify=verify)
         if spec.draft_fixed:
             return rooms
         alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]

@@ -87,4 +87,4 @@ def make_proposer(spec: SpecConfig, target: Target, draft=None) -> Proposer:
         return built[0]
     from .chain import ChainProposer
 
-    return ChainProposer(built)
+    return ChainProposer(built, spec.spec_merge)

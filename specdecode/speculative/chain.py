@@ -10,10 +10,22 @@ suffix) cost microseconds, so ``plan`` runs them first: one that finds a draft i
 what it found (its record counts only steps where it drafted). Model members (a draft model, EAGLE, MTP)
 are valued on their record and measured cost without running them. The best candidate drafts if it beats
 plain decoding; otherwise the sequence decodes plainly this step. Every member sees every prefill,
-commit and release, so whichever is chosen next has its state up to date."""
+commit and release, so whichever is chosen next has its state up to date.
+
+Merging (``--spec-merge``): where a model member is chosen and a draftless member also found a draft,
+the two deterministic drafts can be verified as one tree (their trie union, DraftTree.union): the step
+accepts the longer of the two matches. ``plan`` values the union from both records, taking their
+matches as independent (position d is reached with probability P_a + P_b - P_a P_b, where P is a
+member's probability of reaching d alone), at the drafting cost of the model member and the verify
+cost of every node, over the leading j nodes of the draftless draft for each j; the union is drafted
+when its best rate beats the model member's alone. Each member's record is then credited with its own
+tree's match (DraftTree.match), so what the union accepts through one member never counts as the
+other's. A sampled model draft (a draft model at T > 0) carries draft probabilities and is verified
+alone: the p/q rule is not defined for a node with one sampled and one deterministic sibling here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Callable
 
 from .controller import AcceptanceEstimate
@@ -49,13 +61,19 @@ class _State:
     acceptance: list[AcceptanceEstimate]  # each member's record for this request
     choice: int | None = None  # the member drafting this step (None: plain decoding)
     ready: dict[int, DraftTree] = field(default_factory=dict)  # drafts the draftless members found this step
+    # (draftless member, its leading nodes) whose draft joins the chosen model member's tree this step
+    merged: tuple[int, int] | None = None
+    room: int = 0  # the most nodes this step's draft may have (the room plan was given)
+    own: DraftTree | None = None  # the chosen member's own draft, when merged
+    matched: dict[int, int] = field(default_factory=dict)  # member -> its own draft's accepted tokens
 
 
 class ChainProposer(Proposer):
     name = "chain"
     chain_drafts = False  # members' drafts are valued by plan(), not as fixed-length chains
 
-    def __init__(self, members: list[Proposer]):
+    def __init__(self, members: list[Proposer], merge: str = "auto"):
+        self.merge = merge  # auto: merge drafts where plan finds it pays; always (tests); off
         # draftless members first: they are tried before any model drafter is valued
         self.members = sorted(members, key=lambda m: not m.draftless)
         self.name = ",".join(m.name for m in self.members)
@@ -76,9 +94,12 @@ class ChainProposer(Proposer):
         return _View(seq, self._st(seq).members, i)
 
     # -- choosing -----------------------------------------------------------------------------------
-    def plan(self, seqs, rooms: list[int], value: Callable, fixed: bool = False) -> None:
-        """Chooses each sequence's member for this step. value(alphas, cost, depth, k_max) -> (tokens
-        per second of the best draft length up to k_max, that length); k = 0 is plain decoding."""
+    def plan(self, seqs, rooms: list[int], value: Callable, fixed: bool = False,
+             verify: Callable[[int], float] | None = None) -> None:
+        """Chooses each sequence's member for this step, and whether a draftless draft joins it.
+        value(alphas, cost, depth, k_max) -> (tokens per second of the best draft length up to k_max,
+        that length); k = 0 is plain decoding. verify(t): the batch's verify forward over t tokens per
+        row (None: no merging)."""
         n = len(seqs)
         self._chosen = set()
         for p in self.pools:  # once per engine step
@@ -86,34 +107,67 @@ class ChainProposer(Proposer):
                 p.decay()
         for seq, room in zip(seqs, rooms):
             st = self._st(seq)
-            st.choice, st.ready = None, {}
+            st.choice, st.ready, st.merged, st.room, st.own, st.matched = None, {}, None, room, None, {}
             if room <= 0:
                 continue
-            best, best_rate = None, -1.0 if fixed else value([], 0.0, _identity, 0)[0]
-            for i, m in enumerate(self.members):
-                if m.draftless:
-                    tree = m.propose([self._view(seq, i)], [min(room, m.max_tokens)])[0]
-                    if not len(tree):
-                        continue
-                    st.ready[i] = tree
-                    if fixed:  # --draft-fixed: the first member with a draft drafts
-                        best = i
-                        break
-                    k_max = min(len(tree), room)
-                else:
-                    if fixed:
-                        best = i
-                        break
-                    k_max = min(room, m.max_tokens)
-                rate = value(st.acceptance[i].alphas(m.depth(k_max)), m.draft_cost(n), m.depth, k_max)[0]
-                if rate > best_rate:
-                    best, best_rate = i, rate
+            if fixed:
+                self._fixed_choice(seq, st, room)
+            else:
+                self._valued_choice(seq, st, room, n, value, verify)
             for i in st.ready:
-                if i != best:
+                if i != st.choice and (st.merged is None or i != st.merged[0]):
                     self.members[i].discard(self._view(seq, i))
-            st.choice = best
-            if best is not None:
-                self._chosen.add(best)
+            if st.choice is not None:
+                self._chosen.add(st.choice)
+
+    def _find(self, seq, st: _State, i: int, room: int) -> bool:
+        """Runs draftless member i on seq; keeps what it found in st.ready."""
+        m = self.members[i]
+        tree = m.propose([self._view(seq, i)], [min(room, m.max_tokens)])[0]
+        if len(tree):
+            st.ready[i] = tree
+        return bool(len(tree))
+
+    def _fixed_choice(self, seq, st: _State, room: int) -> None:
+        """--draft-fixed: the first member with a draft drafts. With --spec-merge always, the first
+        model member drafts whenever there is one, and the first draftless draft found joins it."""
+        models = [i for i, m in enumerate(self.members) if not m.draftless]
+        for i, m in enumerate(self.members):
+            if not m.draftless:
+                st.choice = i
+                return
+            if self._find(seq, st, i, room):
+                if self.merge == "always" and models:
+                    st.choice, st.merged = models[0], (i, len(st.ready[i]))
+                else:
+                    st.choice = i
+                return
+
+    def _valued_choice(self, seq, st: _State, room: int, n: int, value: Callable, verify) -> None:
+        best, best_rate, best_k = None, value([], 0.0, _identity, 0)[0], 0
+        for i, m in enumerate(self.members):
+            if m.draftless:
+                if not self._find(seq, st, i, room):
+                    continue
+                k_max = min(len(st.ready[i]), room)
+            else:
+                k_max = min(room, m.max_tokens)
+            rate, k = value(st.acceptance[i].alphas(m.depth(k_max)), m.draft_cost(n), m.depth, k_max)
+            if rate > best_rate:
+                best, best_rate, best_k = i, rate, k
+        st.choice = best
+        if best is None or self.members[best].draftless or not st.ready or verify is None or self.merge == "off":
+            return
+        m = self.members[best]
+        d, cost = m.depth(best_k), m.draft_cost(n) * m.depth(best_k)
+        base = _reach(st.acceptance[best].alphas(d))
+        for i, tree in st.ready.items():
+            depths, ps = tree.depths(), _reach(st.acceptance[i].alphas(max(tree.depths())))
+            for j in range(1, min(len(tree), room - best_k) + 1):
+                gain = 1.0 + sum(a + b - a * b for a, b in zip_longest(base, ps[:max(depths[:j])], fillvalue=0.0))
+                rate = gain / (cost + verify(best_k + j + 1))
+                if rate > best_rate or self.merge == "always":
+                    best_rate, st.merged = rate, (i, j)
 
     def estimate(self, seq, k: int) -> list[float]:
         st = self._st(seq)
@@ -123,19 +177,36 @@ class ChainProposer(Proposer):
         alphas = st.acceptance[st.choice].alphas(m.depth(k))
         if st.choice in st.ready:  # positions beyond what was found gain nothing
             alphas = alphas[:m.depth(len(st.ready[st.choice]))]
+        if st.merged is not None:  # the union reaches position d if either draft does (see the module doc)
+            i, j = st.merged
+            tree = st.ready[i]
+            other = _reach(st.acceptance[i].alphas(max(tree.depths()[:j])))
+            reach = [a + b - a * b for a, b in zip_longest(_reach(alphas), other, fillvalue=0.0)]
+            alphas = [r / q if q > 0 else 0.0 for r, q in zip(reach, [1.0] + reach)]
         return alphas
 
     def observe(self, seq, k: int, drafted: int, accepted: int) -> None:
         st = self._st(seq)
         for i, (m, est) in enumerate(zip(self.members, st.acceptance)):
-            if i == st.choice and drafted:
+            if i in st.matched:  # a merged step: each member's own draft and its own match
+                own = st.own if i == st.choice else st.ready[i]
+                depth = max(own.depths(), default=0)
+                if depth:
+                    est.observe(depth if m.draftless or not m.chain_drafts else max(k, depth), st.matched[i])
+                else:
+                    est.rest()
+            elif i == st.choice and drafted:
                 est.observe(drafted if m.draftless or not m.chain_drafts else max(k, drafted), accepted)
             else:
                 est.rest()
 
     def drafted_by(self, seq) -> str:
         st = self._st(seq)
-        return "none" if st.choice is None else self.members[st.choice].name
+        if st.choice is None:
+            return "none"
+        if st.matched:
+            return "+".join(self.members[i].name for i in sorted(st.matched))
+        return self.members[st.choice].name
 
     def draft_cost(self, n_seqs: int = 1) -> float:
         return max((self.members[i].draft_cost(n_seqs) for i in self._chosen), default=0.0)
@@ -153,7 +224,10 @@ class ChainProposer(Proposer):
         groups: dict[int, list[int]] = {}
         for b, (seq, k) in enumerate(zip(seqs, max_tokens)):
             st = self._st(seq)
-            if st.choice is None or k <= 0:
+            if st.choice is None or k <= 0:  # plain decoding this step: nothing found is verified
+                for i in st.ready:
+                    self.members[i].discard(self._view(seq, i))
+                st.choice, st.ready, st.merged, st.own, st.matched = None, {}, None, None, {}
                 continue
             if st.choice in st.ready:  # the first k nodes of a tree are closed under ancestors
                 t = st.ready[st.choice]
@@ -164,8 +238,23 @@ class ChainProposer(Proposer):
             cap = self.members[i].max_tokens
             out = self.members[i].propose([self._view(seqs[b], i) for b in rows], [min(max_tokens[b], cap) for b in rows])
             for b, t in zip(rows, out):
-                trees[b] = t
+                trees[b] = self._merge(seqs[b], t)
         return trees
+
+    def _merge(self, seq, tree: DraftTree) -> DraftTree:
+        """The chosen model member's draft, with the draftless draft plan merged into it (if any)."""
+        st = self._st(seq)
+        if st.merged is None:
+            return tree
+        i, j = st.merged
+        if tree.draft_probs is not None:  # a sampled draft is verified alone (module doc)
+            self.members[i].discard(self._view(seq, i))
+            st.merged = None
+            return tree
+        other = st.ready[i]
+        union, held = tree.union(DraftTree(other.tokens[:j], other.parents[:j]), max(st.room, len(tree)))
+        st.own, st.ready[i] = tree, DraftTree(other.tokens[:held], other.parents[:held])
+        return union
 
     def prefill(self, seq, start, end, hidden):
         for i, m in enumerate(self.members):
@@ -173,8 +262,15 @@ class ChainProposer(Proposer):
 
     def commit(self, seq, num_accepted, hidden):
         st = self._st(seq)
+        if st.own is not None:  # a merged step: credit each member with its own draft's match
+            accepted = seq.tokens[len(seq.tokens) - 1 - num_accepted:len(seq.tokens) - 1]
+            i = st.merged[0]
+            st.matched = {st.choice: st.own.match(accepted), i: st.ready[i].match(accepted)}
         for i, m in enumerate(self.members):
-            n = num_accepted if i == st.choice else 0
+            if i == st.choice:
+                n = num_accepted  # what the sequence now holds past the root, whoever drafted it
+            else:
+                n = st.matched.get(i, 0)
             m.commit(self._view(seq, i), n, hidden if m.reads_hidden else None)
 
     def release(self, seq):
@@ -190,3 +286,13 @@ class ChainProposer(Proposer):
 
 def _identity(k: int) -> int:
     return k
+
+
+def _reach(alphas: list[float]) -> list[float]:
+    """[P(position 1 is accepted), P(positions 1..2 are), ...] from per-position acceptances given the
+    earlier ones (alphas)."""
+    out, run = [], 1.0
+    for a in alphas:
+        run *= a
+        out.append(run)
+    return out

@@ -24,7 +24,7 @@ The draft then never proposes a token outside it (q = 0 there), which costs acce
 the target emits one; verification keeps the output exact either way."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -56,6 +56,8 @@ class _State:
     length: int = 0  # leading tokens of seq.tokens the draft has passed (fed or skipped)
     skipped: int = 0  # of those, skipped by catch-ups: the cache holds length - skipped entries
     fed: int | None = None  # tokens fed by the current proposal (pending tokens, then drafts); None = none
+    drafts: list[int] = field(default_factory=list)  # the current proposal's drafts, from position drafted_at
+    drafted_at: int = 0
     exact: int = 1 << 62  # cache entries before the first skip: entry i is position i below this
 
 
@@ -158,18 +160,25 @@ class DraftModelProposer(Proposer):
                     feed[b] = drafts[b][-1:]
                     still.append(b)
             active = still
+        for b in range(len(seqs)):
+            if max_tokens[b] > 0:
+                seqs[b].draft_state.drafts, seqs[b].draft_state.drafted_at = drafts[b], len(seqs[b].tokens)
         return [DraftTree.chain(d, torch.stack(q) if q else None) for d, q in zip(drafts, qs)]
 
     def commit(self, seq, num_accepted, hidden=None):
         st = seq.draft_state
         if st is None or st.fed is None:
             return
-        # The draft fed length..(length + fed): the pending tokens, then its own drafts. Those drafts
-        # that the target accepted are now sequence tokens; the first rejected one is not.
+        # The draft fed length..(length + fed): the pending tokens, then its own drafts. Its entries
+        # stay valid up to its first draft that the sequence does not hold (rejected, or another
+        # chain member's token accepted there instead), and never past seq.tokens[:-1] (the newest
+        # token came from the target and was never fed).
         fed_end, st.fed = st.length + st.fed, None
-        # seq.tokens[:-1] are exactly what was fed up to the first rejected draft (the newest token
-        # came from the target and was never fed), so the valid prefix ends at the shorter of the two.
-        valid = min(fed_end, len(seq.tokens) - 1)
+        held = 0
+        while (held < len(st.drafts) and st.drafted_at + held < len(seq.tokens)
+               and seq.tokens[st.drafted_at + held] == st.drafts[held]):
+            held += 1
+        valid = min(fed_end, len(seq.tokens) - 1, st.drafted_at + held)
         self.kv.set_length(st.slot, valid - st.skipped)
         st.length = valid
 

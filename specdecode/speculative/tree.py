@@ -48,6 +48,40 @@ class DraftTree:
         """Children of ``node`` (-1 = root), in draft order (the order verification tries them)."""
         return [i for i, p in enumerate(self.parents) if p == node]
 
+    def match(self, tokens: list[int]) -> int:
+        """How many leading ``tokens`` a root path of the tree carries (the draft tokens it would have
+        had accepted, had the target emitted ``tokens``)."""
+        node, n = -1, 0
+        for t in tokens:
+            nxt = [i for i in self.children(node) if self.tokens[i] == t]
+            if not nxt:
+                break
+            node, n = nxt[0], n + 1
+        return n
+
+    def union(self, other: "DraftTree", limit: int) -> tuple["DraftTree", int]:
+        """This deterministic tree with ``other``'s leading nodes merged in as a trie (a node of other
+        whose parent is in the union and whose token a child of that parent already carries is that
+        child), at most ``limit`` nodes in all. Returns (the union, how many leading nodes of other it
+        holds: other's first j nodes, closed under ancestors as every prefix of a tree is). Siblings
+        keep distinct tokens when both trees' siblings do, so exact-match verification walks it as
+        either tree."""
+        assert self.draft_probs is None and other.draft_probs is None, "only deterministic drafts merge"
+        tokens, parents = list(self.tokens), list(self.parents)
+        child = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
+        where: list[int] = []  # other's node j -> its node in the union
+        for t, p in zip(other.tokens, other.parents):
+            up = -1 if p < 0 else where[p]
+            node = child.get((up, t))
+            if node is None:
+                if len(tokens) >= limit:
+                    break
+                node = child[(up, t)] = len(tokens)
+                tokens.append(t)
+                parents.append(up)
+            where.append(node)
+        return DraftTree(tokens, parents), len(where)
+
     def attention_mask(self) -> torch.Tensor:
         """[n+1, n+1] bool over (root, node 0..n-1): True where row may attend column
         (itself, its ancestors, and the root)."""
