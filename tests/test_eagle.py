@@ -626,3 +626,32 @@ def test_bundled_head_ships_loads_in_both_layouts_and_reports(tmp_path, model):
         assert torch.equal(a, b.to(torch.bfloat16).to(a.dtype) if b.is_floating_point() else b), name
     report = json.loads((d / "train_report.json").read_text())
     assert len(report["eval"]["top1"]) >= 3 and all(0 < x <= 1 for x in report["eval"]["top1"])
+
+
+def test_answering_resumes_from_its_cache_and_stops_at_the_deadline(tmp_path, monkeypatch):
+    """train-head's answering loop caches after every batch: a run stopped by its deadline leaves what
+    it answered, and the next run answers only the rest."""
+    import time
+    from types import SimpleNamespace
+
+    import specdecode.train.data as data
+
+    calls = []
+
+    def fake_distill(model, tok, prompts, max_new, batch, dtype):
+        calls.append(list(prompts))
+        return [[len(p)] * max_new for p in prompts]
+
+    monkeypatch.setattr(data, "self_distill", fake_distill)
+    model = SimpleNamespace(dtype=torch.float32)
+    prompts = [f"p{'x' * i}" for i in range(5)]
+    cache = tmp_path / "answers.json"
+    assert data.answered(model, None, prompts, 2, 2, cache, deadline=time.time() - 1) is None and not calls
+    monkeypatch.setattr(time, "time", iter([0.0, 100.0]).__next__)  # the deadline passes after one batch
+    assert data.answered(model, None, prompts, 2, 2, cache, deadline=50.0) is None
+    assert calls == [prompts[:2]] and len(json.loads(cache.read_text())) == 2
+    monkeypatch.undo()
+    monkeypatch.setattr(data, "self_distill", fake_distill)
+    out = data.answered(model, None, prompts, 2, 2, cache)
+    assert calls == [prompts[:2], prompts[2:4], prompts[4:]]
+    assert out == [[len(p)] * 2 for p in prompts]
