@@ -297,7 +297,7 @@ specdecode bench -t $T --spec-types auto,eagle3,suffix,ngram --category coding -
   --json-out out/r18_coding_probe.json
 python scripts/chain_choice_probe.py --category coding --limit 10 --category writing --limit 3
 # Round 19 (Zen 3, AVX2 only): merged drafts in auto against auto without merging (alternated, off first),
-# llama.cpp side by side (its default GGML_NATIVE=ON build: AVX2 here), the runtime curve.
+# llama.cpp side by side (its default GGML_NATIVE=ON build: AVX2 here).
 n=0
 for m in off auto auto off; do
   n=$((n+1))
@@ -306,4 +306,3 @@ for m in off auto auto off; do
 done
 python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
   --theirs plain,ngram-mod --rounds 3 --json-out out/r19_vs_llamacpp_zen3.json
-python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r19_runtime.json
