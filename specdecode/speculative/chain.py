@@ -162,9 +162,10 @@ class ChainProposer(Proposer):
         d, cost = m.depth(best_k), m.draft_cost(n) * m.depth(best_k)
         base = _reach(st.acceptance[best].alphas(d))
         for i, tree in st.ready.items():
-            depths, ps = tree.depths(), _reach(st.acceptance[i].alphas(max(tree.depths())))
+            depths = tree.depths()
+            ps = _reach(st.acceptance[i].alphas(max(depths)))
             for j in range(1, min(len(tree), room - best_k) + 1):
-                gain = 1.0 + sum(a + b - a * b for a, b in zip_longest(base, ps[:max(depths[:j])], fillvalue=0.0))
+                gain = 1.0 + sum(_either(base, ps[:max(depths[:j])]))
                 rate = gain / (cost + verify(best_k + j + 1))
                 if rate > best_rate or self.merge == "always":
                     best_rate, st.merged = rate, (i, j)
@@ -181,22 +182,20 @@ class ChainProposer(Proposer):
             i, j = st.merged
             tree = st.ready[i]
             other = _reach(st.acceptance[i].alphas(max(tree.depths()[:j])))
-            reach = [a + b - a * b for a, b in zip_longest(_reach(alphas), other, fillvalue=0.0)]
+            reach = _either(_reach(alphas), other)
             alphas = [r / q if q > 0 else 0.0 for r, q in zip(reach, [1.0] + reach)]
         return alphas
 
     def observe(self, seq, k: int, drafted: int, accepted: int) -> None:
         st = self._st(seq)
         for i, (m, est) in enumerate(zip(self.members, st.acceptance)):
+            d, a = 0, 0
             if i in st.matched:  # a merged step: each member's own draft and its own match
-                own = st.own if i == st.choice else st.ready[i]
-                depth = max(own.depths(), default=0)
-                if depth:
-                    est.observe(depth if m.draftless or not m.chain_drafts else max(k, depth), st.matched[i])
-                else:
-                    est.rest()
-            elif i == st.choice and drafted:
-                est.observe(drafted if m.draftless or not m.chain_drafts else max(k, drafted), accepted)
+                d, a = max((st.own if i == st.choice else st.ready[i]).depths(), default=0), st.matched[i]
+            elif i == st.choice:
+                d, a = drafted, accepted
+            if d:
+                est.observe(d if m.draftless or not m.chain_drafts else max(k, d), a)
             else:
                 est.rest()
 
@@ -263,7 +262,7 @@ class ChainProposer(Proposer):
     def commit(self, seq, num_accepted, hidden):
         st = self._st(seq)
         if st.own is not None:  # a merged step: credit each member with its own draft's match
-            accepted = seq.tokens[len(seq.tokens) - 1 - num_accepted:len(seq.tokens) - 1]
+            accepted = seq.tokens[-1 - num_accepted:-1]  # the draft tokens past the root
             i = st.merged[0]
             st.matched = {st.choice: st.own.match(accepted), i: st.ready[i].match(accepted)}
         for i, m in enumerate(self.members):
@@ -286,6 +285,12 @@ class ChainProposer(Proposer):
 
 def _identity(k: int) -> int:
     return k
+
+
+def _either(pa: list[float], pb: list[float]) -> list[float]:
+    """Per position, the probability that a union reaches it when either of two independent drafts
+    does (pa, pb: each draft's own; a shorter list reaches no further)."""
+    return [a + b - a * b for a, b in zip_longest(pa, pb, fillvalue=0.0)]
 
 
 def _reach(alphas: list[float]) -> list[float]:

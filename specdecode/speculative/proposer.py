@@ -40,14 +40,16 @@ class Proposer:
     - ``propose(seqs, max_tokens)`` returns one DraftTree per sequence with at most ``max_tokens[b]``
       nodes (fewer, or none, is always allowed; a chain that merged two members' drafts in ``plan``
       may return up to the ``rooms[b]`` plan was given). Tokens are drafted after ``seq.tokens``
-      (whose last token, the root, is not yet in the target's KV cache). Sampled drafts carry the exact processed
-      distribution each token was drawn from (``draft_probs``); deterministic drafts carry None.
+      (whose last token, the root, is not yet in the target's KV cache). Sampled drafts carry the
+      exact processed distribution each token was drawn from (``draft_probs``); deterministic drafts
+      carry None.
     - ``commit(seq, num_accepted, hidden)`` is called after the sequence's tokens were extended by the
       accepted draft tokens plus one target token; the proposer rolls its own state (e.g. KV cache)
       back to what is still valid. In a chain's merged step the accepted tokens may be another
-      member's: a proposer keeps only what its own drafts match of seq.tokens. ``hidden`` (only for ``reads_hidden`` proposers, else None): the
-      target's states of the rows the verify committed, the root and the accepted path, i.e.
-      positions len(seq.tokens) - num_accepted - 2 .. len(seq.tokens) - 2.
+      member's: a proposer keeps only what its own drafts match of seq.tokens. ``hidden`` (only for
+      ``reads_hidden`` proposers, else None): the target's states of the rows the verify committed,
+      the root and the accepted path, i.e. positions len(seq.tokens) - num_accepted - 2 ..
+      len(seq.tokens) - 2.
     - ``prefill(seq, start, end, hidden)`` is called after each chunk of the target's prefill (prompt
       positions start .. end - 1, ``hidden`` as in commit, for those positions): a drafter with its
       own cache ingests the prompt then (time to first token), not inside the first draft it makes.
@@ -65,8 +67,8 @@ class Proposer:
       proposed for seq will not be verified (a chain chose another member).
     - The controller's hooks, whose defaults suit a single proposer: ``plan(seqs, rooms, value,
       fixed, verify)`` before the draft length is chosen (a chain picks members there);
-      ``estimate(seq, k)`` the per-position acceptance estimates of a k-token draft; ``observe(seq, k, drafted,
-      accepted)`` after verification; ``drafted_by(seq)`` the name the step's statistics record.
+      ``estimate(seq, k)`` the per-position acceptance estimates of a k-token draft;
+      ``observe(seq, k, drafted, accepted)`` after verification; ``drafted_by(seq)`` the name the step's statistics record.
     A proposer gets the target through a ``runtime.target.Target`` handle, never the engine."""
 
     name = "none"
