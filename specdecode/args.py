@@ -90,6 +90,8 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=_SAMP["min_p"])
     p.add_argument("--seed", type=int, default=_SAMP["seed"])
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--logprobs", type=int, default=_SAMP["logprobs"], metavar="K",
+                   help="with --json: each output token's log probability and the K most likely tokens")
 
 
 def spec_config(a) -> SpecConfig:
@@ -104,4 +106,4 @@ def engine_config(a, **over) -> EngineConfig:
 
 def sampling_params(a) -> SamplingParams:
     return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                          min_p=a.min_p, seed=a.seed, stop=tuple(a.stop))
+                          min_p=a.min_p, seed=a.seed, stop=tuple(a.stop), logprobs=a.logprobs)

@@ -18,8 +18,12 @@ def cmd_generate(a) -> int:
         for _ in llm.stream(prompt, params):
             pass
         o = llm.last_output
-        print(json.dumps({"text": o.text, "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
-                          "finish_reason": o.finish_reason, "stats": o.stats}))
+        out = {"text": o.text, "token_ids": o.token_ids, "prompt_token_ids": o.prompt_token_ids,
+               "finish_reason": o.finish_reason, "stats": o.stats}
+        if o.logprobs is not None:
+            out["logprobs"] = [{"token_id": e.token_id, "token": llm.tokenizer.decode([e.token_id]),
+                                "logprob": e.logprob, "top": [[i, lp] for i, lp in e.top]} for e in o.logprobs]
+        print(json.dumps(out))
         return 0
     for delta in llm.stream(prompt, params):
         sys.stdout.write(delta)

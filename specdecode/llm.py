@@ -13,6 +13,7 @@ from typing import Iterator
 from .config import EngineConfig, SpecConfig
 from .engine.engine import Engine
 from .engine.sequence import Sequence
+from .sampling import TokenLogprob
 from .sampling_params import SamplingParams
 
 
@@ -23,6 +24,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     finish_reason: str | None
     stats: dict
+    logprobs: list[TokenLogprob] | None = None  # per token_ids entry, with SamplingParams(logprobs=k)
 
 
 def _output(seq: Sequence) -> RequestOutput:
@@ -38,7 +40,8 @@ def _output(seq: Sequence) -> RequestOutput:
         "time_to_first_token_s": round(ttft, 4),
         "spec": seq.stats.to_dict(),
     }
-    return RequestOutput(seq.text, list(seq.output_ids), list(seq.prompt_ids), seq.finish_reason, stats)
+    return RequestOutput(seq.text, list(seq.output_ids), list(seq.prompt_ids), seq.finish_reason, stats,
+                         None if seq.logprobs is None else list(seq.logprobs))
 
 
 class LLM:

@@ -5,6 +5,7 @@ verifier runs it on both the target's and the draft's logits, so the p and q it 
 processed identically; acceptance is lossless with respect to exactly this processed p."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -96,6 +97,27 @@ def draft_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | 
     q = process_logits(logits.unsqueeze(0), params)[0]
     tok = int(sample(q.unsqueeze(0), u=u)[0])
     return tok, q, float(q.max()) >= p_min
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """An output token's log probability under the model, and the most likely tokens at its position."""
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, log probability), most likely first
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], k: int) -> list[TokenLogprob]:
+    """logits [n, V]: the raw logits of the rows that predicted tokens[0..n); each token's log
+    probability under log_softmax in float32 (before temperature and filters, as vLLM reports by
+    default), with the k most likely tokens of its row. Whatever drafted a token, its row is the one
+    plain decoding would have computed, so the figures are those of plain decoding."""
+    lp = torch.log_softmax(logits.float(), dim=-1)  # [n, V]
+    chosen = lp.gather(-1, torch.tensor(tokens, device=lp.device).reshape(-1, 1))[:, 0].tolist()
+    if k == 0:
+        return [TokenLogprob(t, c) for t, c in zip(tokens, chosen)]
+    vals, ids = lp.topk(min(k, lp.shape[-1]), dim=-1)  # [n, k]
+    return [TokenLogprob(t, c, tuple(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids.tolist(), vals.tolist())]
 
 
 # Purposes of a request's random numbers at one position: the target's token there, a draft model's

@@ -15,6 +15,8 @@ GREEDY_TEMPERATURE = 1e-5
 # Integer settings are bounded where they are validated, so that no value a client can send
 # overflows a tensor inside the shared engine step (a top-k past the vocabulary disables nothing).
 MAX_INT32 = (1 << 31) - 1
+# Most alternatives a token's log probabilities may list (OpenAI's top_logprobs allows 20).
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # output is cut before the first stop string, which is not returned
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # None: no log probabilities; k >= 0: each output token's log probability under the model, with the
+    # k most likely tokens at its position (the raw distribution, before temperature and filters)
+    logprobs: int | None = None
 
     def __post_init__(self):
         # Lists and a bare string are accepted for convenience; stored as tuples so the object
@@ -50,6 +55,8 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in stop), "stop must be a list of non-empty strings")
         _check(all(_is_int(t) and 0 <= t <= MAX_INT32 for t in self.stop_token_ids),
                "stop_token_ids must be a list of non-negative integers")
+        _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
+               f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:

@@ -75,6 +75,27 @@ def test_completions(server):
     assert stopped.choices[0].text == text[:text.index(text[3:5])] and stopped.choices[0].finish_reason == "stop"
 
 
+def test_logprobs_chat_and_completions(server):
+    """OpenAI's logprobs objects, one entry per generated token (each CharTokenizer token is one character
+    of the text), the same figures streamed or not, under speculation (the server drafts 4 tokens)."""
+    r = chat(server, "log me", max_tokens=12, logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content
+    assert "".join(e.token for e in content) == r.choices[0].message.content and len(content) == 12
+    for e in content:
+        assert e.bytes == list(e.token.encode()) and e.logprob <= 0 and len(e.top_logprobs) == 2
+        assert e.top_logprobs[0].token == e.token and e.top_logprobs[0].logprob == e.logprob  # greedy
+        assert e.top_logprobs[0].logprob >= e.top_logprobs[1].logprob
+    assert r.model_extra["spec"]["accepted_tokens"] > 0  # some tokens came from drafts
+    chunks = list(chat(server, "log me", max_tokens=12, logprobs=True, top_logprobs=2, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in content]
+    assert chat(server, "log me", max_tokens=3).choices[0].logprobs is None
+    c = client(server).completions.create(model=MODEL, prompt="abcabc", max_tokens=8, temperature=0, logprobs=1)
+    lp = c.choices[0].logprobs
+    assert "".join(lp.tokens) == c.choices[0].text and lp.text_offset == list(range(8))
+    assert len(lp.token_logprobs) == 8 and [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]
+
+
 def test_models_health_metrics(server):
     assert [m.id for m in client(server).models.list()] == [MODEL, "alias"]
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
@@ -107,7 +128,9 @@ BAD = [("chat", "{not json"), ("chat", "[1, 2]"), ("chat", '{"model": "tiny"}'),
        ("completions", {"model": MODEL, "prompt": "abc", "max_tokens": 398}),
        ("completions", {"model": MODEL, "prompt": ""}), ("completions", {"model": MODEL, "prompt": [1, 2, 100000]}),
        ("completions", {"model": MODEL, "prompt": ["a", "b"]}),
-       ("completions", {"model": MODEL, "prompt": "abc", "min_p": 2})]
+       ("completions", {"model": MODEL, "prompt": "abc", "min_p": 2}),
+       ("chat", hi(top_logprobs=2)), ("chat", hi(logprobs=True, top_logprobs=21)),
+       ("completions", {"model": MODEL, "prompt": "abc", "logprobs": 21})]
 
 
 @pytest.mark.parametrize("endpoint,body", BAD)

@@ -8,7 +8,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ..sampling import RandomStream, StopChecker
+from ..sampling import RandomStream, StopChecker, TokenLogprob
 from ..sampling_params import SamplingParams
 from ..speculative.controller import AcceptanceEstimate
 from ..speculative.metrics import SpecStats
@@ -39,9 +39,13 @@ class Sequence:
     t_first_token: float | None = None
     t_prefill_done: float | None = None
     t_finished: float | None = None
+    # one TokenLogprob per output token (output_ids' order) when params.logprobs is set, else None
+    logprobs: list[TokenLogprob] | None = None
 
     def __post_init__(self):
         self.stop = StopChecker(tuple(self.params.stop))  # holds back a possible stop string's start
+        if self.params.logprobs is not None:
+            self.logprobs = []
 
     @property
     def tokens(self) -> list[int]:
@@ -55,17 +59,20 @@ class Sequence:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def append(self, new_tokens: list[int]) -> str:
-        """Appends generated tokens, applying EOS / stop tokens / max_tokens / stop strings.
-        Returns the newly visible text. Tokens after a stop condition are dropped."""
+    def append(self, new_tokens: list[int], logprobs: list[TokenLogprob] | None = None) -> str:
+        """Appends generated tokens (with their log probabilities, one per token, when requested),
+        applying EOS / stop tokens / max_tokens / stop strings. Returns the newly visible text. Tokens
+        after a stop condition are dropped, and so are their log probabilities."""
         if self.t_first_token is None:
             self.t_first_token = time.perf_counter()
         p = self.params
         delta = ""
-        for t in new_tokens:
+        for i, t in enumerate(new_tokens):
             if self.finished:
                 break
             self.output_ids.append(t)
+            if self.logprobs is not None:
+                self.logprobs.append(logprobs[i])
             piece = ""
             if (t in self.eos_ids and not p.ignore_eos) or t in p.stop_token_ids:
                 self.finish_reason = "stop"

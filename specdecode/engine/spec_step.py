@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ..runtime.model_runner import ModelRunner
-from ..sampling import COIN, TARGET, process_logits
+from ..sampling import COIN, TARGET, process_logits, token_logprobs
 from ..speculative.proposer import Proposer
 from ..speculative.tree import DraftTree
 from ..speculative.verify import accept_batch
@@ -72,7 +72,11 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         # A request's first step (the drafter catching up on the prompt, the first token) is part of
         # its time to first token; the draft / verify times are those of the decode phase.
         decoding = seq.t_first_token is not None
-        delta = seq.append([tree.tokens[p] for p in path] + [token_of[b]])
+        emitted = [tree.tokens[p] for p in path] + [token_of[b]]
+        lps = None
+        if seq.params.logprobs is not None:  # emitted[i] was predicted by row ([0] + [1 + p for p in path])[i]
+            lps = token_logprobs(logits[b, [0] + [1 + p for p in path]], emitted, seq.params.logprobs)
+        delta = seq.append(emitted, lps)
         proposer.commit(seq, len(path), kept)
         depth = max(tree.depths(), default=0)
         seq.stats.record(depth, len(path), (t1 - t0) * decoding, (t2 - t1) * decoding, proposer.drafted_by(seq))

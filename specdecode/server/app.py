@@ -178,7 +178,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
             text = tokenizer.apply_chat_template(req.template_messages(), add_generation_prompt=True)
             return tokenizer.encode(text, add_special_tokens=False)  # the template wrote any BOS it wants
         ids = await asyncio.to_thread(encode)
-        return await generate(request, req, ids, ResponseBuilder(True, req.model), "chat")
+        return await generate(request, req, ids, ResponseBuilder(True, req.model, tokenizer), "chat")
 
     @app.post("/v1/completions", dependencies=post)
     async def completions(request: Request):
@@ -188,7 +188,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         ids = list(prompt) if isinstance(prompt, list) else await asyncio.to_thread(tokenizer.encode, prompt)
         if any(not 0 <= t < vocab for t in ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})")
-        return await generate(request, req, ids, ResponseBuilder(False, req.model), "completions")
+        return await generate(request, req, ids, ResponseBuilder(False, req.model, tokenizer), "completions")
 
     async def generate(request: Request, req: BaseRequest, ids: list[int], rb: ResponseBuilder, endpoint: str):
         ctx = engine.max_model_len
@@ -244,15 +244,26 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
             raise done.result()
         seq = handle.seq
         metrics.observe(endpoint, seq, handle.queue_seconds)
-        return rb.full(seq.text, seq.finish_reason, usage(len(seq.prompt_ids), len(seq.output_ids)), _spec(handle))
+        return rb.full(seq.text, seq.finish_reason, usage(len(seq.prompt_ids), len(seq.output_ids)), _spec(handle),
+                       seq.logprobs)
 
     async def stream(handle: RequestHandle, rb: ResponseBuilder, include_usage: bool, endpoint: str):
         if rb.chat:
             yield sse(rb.chunk(role=True, with_usage=include_usage))
+        sent = 0  # log probabilities already streamed (the worker thread appends to seq.logprobs)
+
+        def new_logprobs() -> list | None:
+            nonlocal sent
+            lps = handle.seq.logprobs
+            if lps is None:
+                return None
+            out = lps[sent:]  # a snapshot: the list only grows
+            sent += len(out)
+            return out
         while True:
             kind, value = await handle.events.get()
             if kind == "delta":
-                yield sse(rb.chunk(value, with_usage=include_usage))
+                yield sse(rb.chunk(value, with_usage=include_usage, logprobs=new_logprobs()))
             elif kind == "error":  # headers are gone: report in the stream, as OpenAI and vLLM do
                 if isinstance(value, SpecDecodeError):
                     message = str(value)
@@ -263,7 +274,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
             else:
                 seq = handle.seq
                 metrics.observe(endpoint, seq, handle.queue_seconds)
-                final = rb.chunk(None, seq.finish_reason, with_usage=include_usage)
+                final = rb.chunk(None, seq.finish_reason, with_usage=include_usage, logprobs=new_logprobs())
                 final["spec"] = _spec(handle)
                 yield sse(final)
                 if include_usage:
