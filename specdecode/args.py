@@ -90,6 +90,10 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=_SAMP["min_p"])
     p.add_argument("--seed", type=int, default=_SAMP["seed"])
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--repeat-penalty", dest="repetition_penalty", type=float, default=_SAMP["repetition_penalty"],
+                   help="divide (multiply, if negative) the logit of every token in the prompt or output so far")
+    p.add_argument("--presence-penalty", type=float, default=_SAMP["presence_penalty"])
+    p.add_argument("--frequency-penalty", type=float, default=_SAMP["frequency_penalty"])
     p.add_argument("--logprobs", type=int, default=_SAMP["logprobs"], metavar="K",
                    help="with --json: each output token's log probability and the K most likely tokens")
 
@@ -106,4 +110,6 @@ def engine_config(a, **over) -> EngineConfig:
 
 def sampling_params(a) -> SamplingParams:
     return SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p, top_k=a.top_k,
-                          min_p=a.min_p, seed=a.seed, stop=tuple(a.stop), logprobs=a.logprobs)
+                          min_p=a.min_p, seed=a.seed, stop=tuple(a.stop), logprobs=a.logprobs,
+                          repetition_penalty=a.repetition_penalty, presence_penalty=a.presence_penalty,
+                          frequency_penalty=a.frequency_penalty)

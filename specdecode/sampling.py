@@ -65,6 +65,44 @@ def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[Sampl
     return probs
 
 
+def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], prompts: Sequence[list[int]],
+                    outputs: Sequence[list[int]]) -> torch.Tensor:
+    """logits [N, V] → float32 logits with each row's penalties applied, as vLLM applies them (before
+    process_logits): the repetition penalty r on every token of the row's prompt or output so far (its
+    logit divided by r where positive, multiplied by r where not), then logit -= frequency * count +
+    presence * [count > 0] over the output so far. Row i's request settings, prompt and output so far:
+    params[i], prompts[i], outputs[i] (for a verify row, the output includes the draft tokens on the
+    path to its node). Rows without a penalty are returned as they came."""
+    rows = [i for i, p in enumerate(params) if p.penalized]
+    logits = logits.float()
+    if not rows:
+        return logits
+    v, dev = logits.shape[-1], logits.device
+
+    def marks(seqs) -> tuple[torch.Tensor, torch.Tensor]:  # (row in ``rows`` order, token) per occurrence
+        r = torch.tensor([j for j, i in enumerate(rows) for _ in seqs[i]], dtype=torch.long, device=dev)
+        t = torch.tensor([tok for i in rows for tok in seqs[i]], dtype=torch.long, device=dev)
+        return r, t
+
+    counts = torch.zeros(len(rows), v, device=dev)  # [R, V] output occurrences
+    r, t = marks(outputs)
+    counts.index_put_((r, t), torch.ones_like(t, dtype=counts.dtype), accumulate=True)
+
+    def col(name: str) -> torch.Tensor:  # [R, 1]: one setting of each penalized row
+        return torch.tensor([getattr(params[i], name) for i in rows], device=dev).reshape(-1, 1)
+
+    x = logits[rows]  # [R, V]
+    rep = col("repetition_penalty")
+    if any(params[i].repetition_penalty != 1.0 for i in rows):
+        seen = counts > 0
+        seen[marks(prompts)] = True
+        x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
+    x = x - col("frequency_penalty") * counts - col("presence_penalty") * (counts > 0)
+    out = logits.clone()
+    out[rows] = x
+    return out
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
     """probs [N, V] → tokens [N] long; the same generator state gives the same tokens. ``u`` [N]:
     the uniforms to use instead of drawing them from ``generator`` (rows with their own generators).

@@ -17,6 +17,7 @@ GREEDY_TEMPERATURE = 1e-5
 MAX_INT32 = (1 << 31) - 1
 # Most alternatives a token's log probabilities may list (OpenAI's top_logprobs allows 20).
 MAX_LOGPROBS = 20
+MAX_REPETITION_PENALTY = 10.0  # far past any useful value (vLLM's examples use 1.0-2.0)
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,12 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # output is cut before the first stop string, which is not returned
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # OpenAI's penalties on the output so far (logit -= presence * [count > 0] + frequency * count) and
+    # the repetition penalty over prompt and output (a seen token's logit / r if positive, * r if not),
+    # as vLLM applies them: before temperature and filters, greedy requests included
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     # None: no log probabilities; k >= 0: each output token's log probability under the model, with the
     # k most likely tokens at its position (the raw distribution, before temperature and filters)
     logprobs: int | None = None
@@ -55,12 +62,22 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in stop), "stop must be a list of non-empty strings")
         _check(all(_is_int(t) and 0 <= t <= MAX_INT32 for t in self.stop_token_ids),
                "stop_token_ids must be a list of non-negative integers")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(_is_real(value) and -2 <= value <= 2, f"{name} must be in [-2, 2], got {value!r}")
+        _check(_is_real(self.repetition_penalty) and 0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+               f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {self.repetition_penalty!r}")
         _check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
                f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_TEMPERATURE
+
+    @property
+    def penalized(self) -> bool:
+        """The distribution depends on the tokens so far (a penalty is set)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0)
 
 
 def _is_real(x) -> bool:

@@ -45,7 +45,7 @@ def smollm2():
     torch.set_num_threads(n)
 
 
-def sample(llm, seeds, batch: int = 16) -> Counter:
+def sample(llm, seeds, batch: int = 16, **penalties) -> Counter:
     """The first three tokens of one request per seed, ``batch`` requests in flight at a time; the
     draft tokens verified on the way are counted in ``.drafted``, the steps by drafter in ``.by``."""
     eng = llm.engine
@@ -53,7 +53,7 @@ def sample(llm, seeds, batch: int = 16) -> Counter:
     out, pending, drafted, by = Counter(), list(seeds), 0, Counter()
     while pending:
         seqs = [eng.add_request(prompt, SamplingParams(temperature=2.0, top_k=3, max_tokens=3, seed=s,
-                                                       ignore_eos=True)) for s in pending[:batch]]
+                                                       ignore_eos=True, **penalties)) for s in pending[:batch]]
         pending = pending[batch:]
         while eng.has_work():
             eng.step()
@@ -144,6 +144,27 @@ def test_engine_sampling_matches_plain_decoding(smollm2, reference, name):
     assert got.drafted > N  # drafts were verified: the rule really ran
     if name.startswith("merged"):
         assert got.by["ngram-mod+eagle3"] > N // 4, got.by  # merged trees were verified
+
+
+# the prompt repeats 1 2 3, and the first tokens repeat it too: every penalty moves this distribution
+PENALTIES = dict(repetition_penalty=1.5, frequency_penalty=0.8, presence_penalty=0.5)
+
+
+@pytest.fixture(scope="module")
+def penalized_reference(smollm2):
+    return sample(smollm2[1], range(N), **PENALTIES)
+
+
+def test_penalized_sampling_matches_plain_decoding(smollm2, reference, penalized_reference):
+    """Each verify row penalizes the draft tokens on its path, and the p/q rule with a q the penalties
+    never touched (the draft model's) gives plain penalized sampling. (Exact-match verification with
+    penalties gives plain decoding's seeded text itself: test_penalties.py.)"""
+    assert two_sample_pvalue(reference, penalized_reference) < ALPHA  # the penalties matter here
+    got = sample(build(smollm2, **CONFIGS["draft (sampled q, head vocabulary)"]), range(4 * 10**6, 4 * 10**6 + N),
+                 **PENALTIES)
+    p = two_sample_pvalue(penalized_reference, got)
+    assert p > ALPHA, (p, penalized_reference.most_common(5), got.most_common(5))
+    assert got.drafted > N
 
 
 def test_engine_sampling_at_batch_one(smollm2, reference):

@@ -96,6 +96,14 @@ def test_logprobs_chat_and_completions(server):
     assert len(lp.token_logprobs) == 8 and [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]
 
 
+def test_penalties_reach_the_engine(server):
+    plain = chat(server, "aaaa", max_tokens=24).choices[0].message.content
+    penalized = chat(server, "aaaa", max_tokens=24, frequency_penalty=2.0, presence_penalty=1.0,
+                     extra_body={"repetition_penalty": 1.5}).choices[0].message.content
+    assert len(penalized) == 24 and penalized != plain
+    assert len(set(penalized)) > len(set(plain))  # fewer repeats
+
+
 def test_models_health_metrics(server):
     assert [m.id for m in client(server).models.list()] == [MODEL, "alias"]
     assert httpx.get(f"{server.url}/health").json() == {"status": "ok"}
@@ -130,6 +138,7 @@ BAD = [("chat", "{not json"), ("chat", "[1, 2]"), ("chat", '{"model": "tiny"}'),
        ("completions", {"model": MODEL, "prompt": ["a", "b"]}),
        ("completions", {"model": MODEL, "prompt": "abc", "min_p": 2}),
        ("chat", hi(top_logprobs=2)), ("chat", hi(logprobs=True, top_logprobs=21)),
+       ("chat", hi(presence_penalty=2.5)), ("chat", hi(repetition_penalty=0)), ("chat", hi(frequency_penalty="1")),
        ("completions", {"model": MODEL, "prompt": "abc", "logprobs": 21})]
 
 

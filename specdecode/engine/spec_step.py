@@ -9,7 +9,7 @@ from typing import Callable
 import torch
 
 from ..runtime.model_runner import ModelRunner
-from ..sampling import COIN, TARGET, process_logits, token_logprobs
+from ..sampling import COIN, TARGET, apply_penalties, process_logits, token_logprobs
 from ..speculative.proposer import Proposer
 from ..speculative.tree import DraftTree
 from ..speculative.verify import accept_batch
@@ -99,11 +99,19 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
         tok[b, :len(t)] = torch.tensor(t.tokens, dtype=torch.long)
         par[b, :len(t)] = torch.tensor(t.parents, dtype=torch.long)
     rows = logits[:, :n + 1]  # [B, n + 1, V]
-    greedy = all(s.params.greedy for s in seqs)
+    # a penalty makes each row's distribution depend on the tokens before it, draft tokens included
+    penalized = any(s.params.penalized for s in seqs)
+    greedy = all(s.params.greedy for s in seqs) and not penalized
     probs, draft, u_target, u_coin = rows, None, None, None
     if not greedy:
         V = rows.shape[-1]
-        probs = process_logits(rows.reshape(-1, V), [s.params for s in seqs for _ in range(n + 1)]).view(B, n + 1, V)
+        params = [s.params for s in seqs for _ in range(n + 1)]
+        flat = rows.reshape(-1, V)
+        if penalized:  # row 0 follows the committed output; row 1 + i also node i's path
+            outputs = [s.output_ids + path for s, t in zip(seqs, trees)
+                       for path in [[]] + t.paths() + [[]] * (n - len(t))]
+            flat = apply_penalties(flat, params, [s.prompt_ids for s in seqs for _ in range(n + 1)], outputs)
+        probs = process_logits(flat, params).view(B, n + 1, V)
         if any(t.draft_probs is not None for t in trees):  # zero rows: deterministic nodes (accept_batch)
             draft = probs.new_zeros(B, n, V)
             for b, t in enumerate(trees):

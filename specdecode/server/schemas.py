@@ -1,9 +1,9 @@
 """OpenAI request bodies (pydantic, strict: a string where a number belongs is a 400, not a guess)
 and the response / stream-chunk objects, field for field as OpenAI sends them.
 
-Fields beyond OpenAI's that vLLM clients send (top_k, min_p, ignore_eos, stop_token_ids) are
-accepted; unknown fields are ignored, as OpenAI does. Features we do not implement (n > 1, penalties,
-echo) are refused with a 400 rather than silently ignored.
+Fields beyond OpenAI's that vLLM clients send (top_k, min_p, repetition_penalty, ignore_eos,
+stop_token_ids) are accepted; unknown fields are ignored, as OpenAI does. Features we do not
+implement (n > 1, echo) are refused with a 400 rather than silently ignored.
 
 Log probabilities (chat: ``logprobs`` + ``top_logprobs``; completions: ``logprobs`` = k) are the
 model's raw distribution at each output token, as vLLM reports by default: the same figures with or
@@ -62,14 +62,13 @@ class BaseRequest(_Strict):
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
 
     def check_supported(self) -> None:
         if self.n != 1:
             raise InvalidRequestError("only n=1 is supported")
-        if self.presence_penalty or self.frequency_penalty:
-            raise InvalidRequestError("presence_penalty and frequency_penalty are not supported")
         if self.stream_options is not None and not self.stream:
             raise InvalidRequestError("stream_options is only allowed when stream is true")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -87,6 +86,8 @@ class BaseRequest(_Strict):
             temperature=1.0 if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0,
             min_p=self.min_p or 0.0, max_tokens=max_tokens, seed=self.seed, stop=tuple(stop),
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             stop_token_ids=tuple(self.stop_token_ids or ()), ignore_eos=self.ignore_eos,
             logprobs=self.requested_logprobs())
 

@@ -44,6 +44,13 @@ class DraftTree:
             d.append(1 if p < 0 else d[p] + 1)
         return d
 
+    def paths(self) -> list[list[int]]:
+        """Each node's tokens from the root's first child down to the node itself."""
+        out: list[list[int]] = []
+        for t, p in zip(self.tokens, self.parents):
+            out.append((out[p] if p >= 0 else []) + [t])
+        return out
+
     def children(self, node: int) -> list[int]:
         """Children of ``node`` (-1 = root), in draft order (the order verification tries them)."""
         return [i for i, p in enumerate(self.parents) if p == node]
