@@ -32,11 +32,11 @@ def poison(monkeypatch, phase: str) -> None:
     else:  # raises after committing part of its own tokens: the sequences before it are committed
         real_append = Sequence.append
 
-        def append(self, tokens):
+        def append(self, tokens, logprobs=None):
             if self.params.seed == POISON:
-                real_append(self, tokens[:1])
+                real_append(self, tokens[:1], logprobs)
                 raise RuntimeError("poisoned request")
-            return real_append(self, tokens)
+            return real_append(self, tokens, logprobs)
         monkeypatch.setattr(Sequence, "append", append)
 
 
