@@ -306,3 +306,27 @@ for m in off auto auto off; do
 done
 python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
   --theirs plain,ngram-mod --rounds 3 --json-out out/r19_vs_llamacpp_zen3.json
+# Round 20 (Intel Xeon, family 6 model 207, AVX512-VNNI + AVX-VNNI, no AMX exposed): the runtime curve on the
+# AVX512 body and on the plain AVX2 body (as a Zen 3 runs it); merged drafts in auto against auto without
+# merging on coding (runs 1, 2, 5, 6, 7 in that order: off, auto, auto, off, auto; runs 3 and 4 ran beside
+# other load and were discarded); llama.cpp side by side on both bodies (its GGML_NATIVE build for AVX512, an AVX2 build
+# with AVX-VNNI for the AVX2 body); the server's scaling; Spec-Bench at T = 0.7.
+python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r20_runtime.jsonl
+SPECDECODE_NATIVE_FLAGS="-mno-avx512f -mno-avxvnni" python scripts/bench_runtime.py --quant auto --threads $T --reps 3 \
+  --decode-tokens 64 --json-out out/r20_runtime.jsonl
+for run in "off 1" "auto 2" "auto 5" "off 6" "auto 7"; do
+  set -- $run
+  specdecode bench -t $T --spec-types auto --spec-merge $1 --category coding --limit 5 --max-tokens 128 \
+    --json-out out/r20_coding_$1_$2.json
+done
+(cd /tmp/llama.cpp-avx2 && cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_AVX512=OFF -DGGML_AVX_VNNI=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
+  cmake --build build -j2 --target llama-server)  # /tmp/llama.cpp-avx2: a copy of build-llama-cpp's source tree
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r20_vs_llamacpp_avx2.json
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
+  --theirs plain,ngram-mod --rounds 2 --json-out out/r20_vs_llamacpp.json
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --json-out out/r20_serve.json
+specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --temperature 0.7 --json-out out/r20_t07.json
+python scripts/spec_bench_categories.py out/r20_t07.json
