@@ -92,8 +92,8 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], prom
         return torch.tensor([getattr(params[i], name) for i in rows], device=dev).reshape(-1, 1)
 
     x = logits[rows]  # [R, V]
-    rep = col("repetition_penalty")
     if any(params[i].repetition_penalty != 1.0 for i in rows):
+        rep = col("repetition_penalty")
         seen = counts > 0
         seen[marks(prompts)] = True
         x = torch.where(seen, torch.where(x > 0, x / rep, x * rep), x)
