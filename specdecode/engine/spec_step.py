@@ -87,11 +87,11 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
 def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[list[int]], list[int]]:
     """The acceptance rule for the whole batch: logits [B, T, V] of the verify forward (row 0 = after
     the root, row i + 1 = after node i). Returns each sequence's accepted path (node indices,
-    root-to-leaf) and its next token. Greedy requests compare argmaxes of the raw logits; a batch
-    with sampled requests processes every row with its request's settings (a greedy row becomes
-    one-hot, on which the sampling rules decide exactly as the greedy one). A sampled request's
-    random numbers come from its own RandomStream, by output position: what a batch-mate or an
-    earlier draft did never changes them."""
+    root-to-leaf) and its next token. Greedy requests compare argmaxes of the logits (penalized where
+    the request sets a penalty); a batch with sampled requests processes every row with its request's
+    settings (a greedy row becomes one-hot, on which the sampling rules decide exactly as the greedy
+    one). A sampled request's random numbers come from its own RandomStream, by output position: what
+    a batch-mate or an earlier draft did never changes them."""
     B, n = len(trees), max(len(t) for t in trees)
     tok = torch.zeros(B, n, dtype=torch.long)
     par = torch.full((B, n), -2, dtype=torch.long)  # < -1: padding, never tried
@@ -99,19 +99,18 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
         tok[b, :len(t)] = torch.tensor(t.tokens, dtype=torch.long)
         par[b, :len(t)] = torch.tensor(t.parents, dtype=torch.long)
     rows = logits[:, :n + 1]  # [B, n + 1, V]
-    # a penalty makes each row's distribution depend on the tokens before it, draft tokens included
-    penalized = any(s.params.penalized for s in seqs)
-    greedy = all(s.params.greedy for s in seqs) and not penalized
+    V = rows.shape[-1]
+    params = [s.params for s in seqs for _ in range(n + 1)]
+    if any(s.params.penalized for s in seqs):
+        # a penalty makes each row's distribution depend on the tokens before it, draft tokens included:
+        # row 0 follows the committed output, row 1 + i also node i's path
+        outputs = [s.output_ids + path for s, t in zip(seqs, trees) for path in [[]] + t.paths() + [[]] * (n - len(t))]
+        rows = apply_penalties(rows.reshape(-1, V), params, [s.prompt_ids for s in seqs for _ in range(n + 1)],
+                               outputs).view(B, n + 1, V)
+    greedy = all(s.params.greedy for s in seqs)  # then argmaxes of the (penalized) logits decide
     probs, draft, u_target, u_coin = rows, None, None, None
     if not greedy:
-        V = rows.shape[-1]
-        params = [s.params for s in seqs for _ in range(n + 1)]
-        flat = rows.reshape(-1, V)
-        if penalized:  # row 0 follows the committed output; row 1 + i also node i's path
-            outputs = [s.output_ids + path for s, t in zip(seqs, trees)
-                       for path in [[]] + t.paths() + [[]] * (n - len(t))]
-            flat = apply_penalties(flat, params, [s.prompt_ids for s in seqs for _ in range(n + 1)], outputs)
-        probs = process_logits(flat, params).view(B, n + 1, V)
+        probs = process_logits(rows.reshape(-1, V), params).view(B, n + 1, V)
         if any(t.draft_probs is not None for t in trees):  # zero rows: deterministic nodes (accept_batch)
             draft = probs.new_zeros(B, n, V)
             for b, t in enumerate(trees):
