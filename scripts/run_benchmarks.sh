@@ -330,3 +330,5 @@ specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests
   --json-out out/r20_serve.json
 specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --temperature 0.7 --json-out out/r20_t07.json
 python scripts/spec_bench_categories.py out/r20_t07.json
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && for i in 1 2 3; do /tmp/dpbusd_peak; done
+python scripts/bench_kernels.py --threads $T --rows 1,5,9
