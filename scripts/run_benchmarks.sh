@@ -332,3 +332,18 @@ specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --temperatur
 python scripts/spec_bench_categories.py out/r20_t07.json
 gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && for i in 1 2 3; do /tmp/dpbusd_peak; done
 python scripts/bench_kernels.py --threads $T --rows 1,5,9
+# the epilogue's weight: group_row's three float lines replaced by one add of the raw dots (qg_noepi_vnni.c) or by one
+# integer multiply-add by the sub-scales (qg_intepi_vnni.c); timing only (wrong outputs)
+python - <<'PY'
+s = open("specdecode/kernels/quant_gemm.c").read()
+old = """    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(*sx));
+    *acc = _mm512_fmadd_ps(f, sv, *acc);
+    *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(*xsum), *acc);"""
+open("/tmp/qg_noepi_vnni.c", "w").write(s.replace(old, """    (void)sx; (void)xsum; (void)sv; (void)mv;
+    *acc = _mm512_add_ps(*acc, _mm512_castsi512_ps(dot));"""))
+open("/tmp/qg_intepi_vnni.c", "w").write(s.replace(old, """    (void)sx; (void)xsum; (void)mv;
+    *acc = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(*acc), _mm512_mullo_epi32(dot, _mm512_castps_si512(sv))));"""))
+PY
+for v in noepi_vnni intepi_vnni; do
+  python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_$v.c --threads $T --stream --int4-only --rows 1,5,9 --no-check
+done
