@@ -170,8 +170,8 @@ def error_body(message: str, type_: str = "invalid_request_error", code: str | N
 
 
 class ResponseBuilder:
-    """The response and chunk objects of one request, for either endpoint. ``tokenizer`` renders
-    log probabilities (a request without them passes None)."""
+    """The response and chunk objects of one request, for either endpoint. ``tokenizer`` decodes the
+    token strings of log probabilities (read only for a request that asked for them)."""
 
     def __init__(self, chat: bool, model: str, tokenizer=None):
         self.chat, self.model, self.tokenizer = chat, model, tokenizer
