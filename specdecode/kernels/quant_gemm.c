@@ -29,6 +29,9 @@
  * xsum = sum of the float x. Then, exactly,
  *   y[r, n] = sum_g  d sc * sx * sum_k c * xq  +  dm m * xsum        (k in group g)
  * where only the activation rounding (|x - sx xq| <= sx / 2) departs from the float product.
+ * The quantized activations are stored group-major (quantize_rows): a pass over one group of a tile
+ * reads its rows' bytes and scales at constant offsets from one pointer, with no per-row addresses
+ * held in registers (with row-major storage a 9-row pass spilled them to the stack).
  *
  * int8 weight format (pack_int8): w[n, k] = q[n, k] * wscale[n], q in -127..127 stored as the
  * unsigned byte u = q + 128 (vpdpbusd multiplies unsigned by signed bytes), in the same 16-row tiles:
@@ -104,10 +107,11 @@ static inline __attribute__((always_inline)) void group_row(__m512 *acc, __m512i
     *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(*xsum), *acc);
 }
 
-/* Rows [r0, r0 + RB) against tile t: RB is a compile-time constant after inlining. */
+/* Rows [r0, r0 + RB) of R against tile t: RB and gs are compile-time constants after inlining, so
+ * every activation byte and scale is one immediate offset from the group's base pointer. */
 static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *w, const uint8_t *sub, const uint16_t *sup, int K, int gs, int t, const int8_t *xq,
-    const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
+    const uint8_t *w, const uint8_t *sub, const uint16_t *sup, int K, const int gs, int t, const int8_t *xq,
+    const float *sx, const float *xsum, int R, int r0, const int RB, float *y, int N) {
     const int G = K / gs, C = gs / 8, S = super_groups(G);
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[MAX_ROWS];
@@ -123,7 +127,7 @@ static inline __attribute__((always_inline)) void tile_rows(
             left = S;
         }
         const uint8_t *wg = w + tg * (size_t)(C * 64);
-        const int8_t *xg = xq + (size_t)r0 * K + (size_t)g * gs;
+        const int8_t *xg = xq + ((size_t)g * R + r0) * gs;
         for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
         __m512i dot[MAX_ROWS];
         for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
@@ -132,17 +136,15 @@ static inline __attribute__((always_inline)) void tile_rows(
             const __m512i lo = _mm512_and_si512(b, low);
             const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low);
             for (int i = 0; i < RB; i++) {
-                const int8_t *xp = xg + (size_t)i * K + 8 * j;
+                const int8_t *xp = xg + i * gs + 8 * j;
                 dot[i] = _mm512_dpbusd_epi32(dot[i], lo, _mm512_set1_epi32(*(const int32_t *)xp));
                 dot[i] = _mm512_dpbusd_epi32(dot[i], hi, _mm512_set1_epi32(*(const int32_t *)(xp + 4)));
             }
         }
         __m512 sv, mv;
         group_scales(sub + tg * 2 * TILE, dv, dmv, &sv, &mv);
-        for (int i = 0; i < RB; i++) {
-            const size_t rg = (size_t)(r0 + i) * G + g;
-            group_row(&acc[i], dot[i], sx + rg, xsum + rg, sv, mv);
-        }
+        const size_t rg = (size_t)g * R + r0;
+        for (int i = 0; i < RB; i++) group_row(&acc[i], dot[i], sx + rg + i, xsum + rg + i, sv, mv);
     }
     for (int i = 0; i < RB; i++) _mm512_storeu_ps(y + (size_t)(r0 + i) * N + (size_t)t * TILE, acc[i]);
 }
@@ -150,24 +152,25 @@ static inline __attribute__((always_inline)) void tile_rows(
 /* int8: rows [r0, r0 + RB) against tile t; acc holds sum_g sx * dot before the per-row terms. */
 static inline __attribute__((always_inline)) void tile_rows_i8(
     const uint8_t *w, const float *ws, int K, int t, const int8_t *xq, const float *sx, const float *corr,
-    int r0, const int RB, float *y, int N) {
+    int R, int r0, const int RB, float *y, int N) {
     const int G = K / 32;
     __m512 acc[MAX_ROWS];
     for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
     const uint8_t *wt = w + (size_t)t * TILE * K;
     for (int g = 0; g < G; g++) {
         for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_DIST + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
+        const int8_t *xg = xq + ((size_t)g * R + r0) * 32;
         __m512i dot[MAX_ROWS];
         for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
         for (int j = 0; j < 8; j++) {
             const __m512i b = _mm512_loadu_si512((const void *)(wt + ((size_t)g * 8 + j) * 64));
             for (int i = 0; i < RB; i++) {
-                const int32_t v = *(const int32_t *)(xq + (size_t)(r0 + i) * K + (size_t)g * 32 + 4 * j);
+                const int32_t v = *(const int32_t *)(xg + i * 32 + 4 * j);
                 dot[i] = _mm512_dpbusd_epi32(dot[i], b, _mm512_set1_epi32(v));
             }
         }
         for (int i = 0; i < RB; i++)
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_set1_ps(sx[(size_t)(r0 + i) * G + g]), acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[i]), _mm512_set1_ps(sx[(size_t)g * R + r0 + i]), acc[i]);
     }
     const __m512 sv = _mm512_loadu_ps(ws + (size_t)t * TILE);
     for (int i = 0; i < RB; i++)
@@ -226,8 +229,9 @@ static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax
  * activation bytes and adds the pairs in int16, and up to 8 such products are summed in int16 before
  * one widening madd (exact: |pair| <= 2 * 15 * 127 and 8 * 3810 < 32767), which nearly halves the multiply
  * port's work against widening each one. */
-static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, const int8_t *xg, int K, int C,
+static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, const int8_t *xg, const int gs,
                                                             const int RB, int h0, const int NH, __m256i dot[][2]) {
+    const int C = gs / 8;
     const __m256i low = _mm256_set1_epi8(0x0F);
     for (int i = 0; i < RB; i++)
         for (int hh = 0; hh < NH; hh++) dot[i][hh] = _mm256_setzero_si256();
@@ -240,7 +244,7 @@ static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, 
             const __m256i b = _mm256_loadu_si256((const __m256i *)(wg + (size_t)j * 64 + 32 * (h0 + hh)));
             const __m256i lo = _mm256_and_si256(b, low), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
             for (int i = 0; i < RB; i++) {
-                const int8_t *xp = xg + (size_t)i * K + 8 * j;
+                const int8_t *xp = xg + i * gs + 8 * j;
                 dot[i][hh] = _mm256_dpbusd_avx_epi32(dot[i][hh], lo, _mm256_set1_epi32(*(const int32_t *)xp));
                 dot[i][hh] = _mm256_dpbusd_avx_epi32(dot[i][hh], hi, _mm256_set1_epi32(*(const int32_t *)(xp + 4)));
             }
@@ -257,7 +261,7 @@ static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, 
                 const __m256i lo = _mm256_and_si256(b, low);
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), low);
                 for (int i = 0; i < RB; i++) {
-                    const int8_t *xp = xg + (size_t)i * K + 8 * j;
+                    const int8_t *xp = xg + i * gs + 8 * j;
                     p16[i][hh] = _mm256_add_epi16(p16[i][hh], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*(const int32_t *)xp)));
                     p16[i][hh] = _mm256_add_epi16(p16[i][hh], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*(const int32_t *)(xp + 4))));
                 }
@@ -274,8 +278,8 @@ static inline __attribute__((always_inline)) void group_dots(const uint8_t *wg, 
  * up to 8 rows' accumulators and partial sums stay in the 16 registers (both halves at once spill
  * from 4 rows on). The second half's weights are then read again from L1/L2 (a tile is 8 x K bytes). */
 static inline __attribute__((always_inline)) void tile_rows(
-    const uint8_t *w, const uint8_t *sub, const uint16_t *sup, int K, int gs, int t, const int8_t *xq,
-    const float *sx, const float *xsum, int r0, const int RB, float *y, int N) {
+    const uint8_t *w, const uint8_t *sub, const uint16_t *sup, int K, const int gs, int t, const int8_t *xq,
+    const float *sx, const float *xsum, int R, int r0, const int RB, float *y, int N) {
     const int G = K / gs, C = gs / 8, NH = RB <= 3 ? 2 : 1, S = super_groups(G);
     for (int h0 = 0; h0 < 2; h0 += NH) {
         __m256 acc[MAX_ROWS][2];
@@ -293,7 +297,7 @@ static inline __attribute__((always_inline)) void tile_rows(
             if (h0 == 0)
                 for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
             __m256i dot[MAX_ROWS][2];
-            group_dots(wg, xq + (size_t)r0 * K + (size_t)g * gs, K, C, RB, h0, NH, dot);
+            group_dots(wg, xq + ((size_t)g * R + r0) * gs, gs, RB, h0, NH, dot);
             for (int hh = 0; hh < NH; hh++) {
                 const int l0 = 8 * (h0 + hh); /* first lane of this half */
                 const uint8_t *sg = sub + tg * 2 * TILE + l0;
@@ -302,7 +306,7 @@ static inline __attribute__((always_inline)) void tile_rows(
                 const __m256 mv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sp + TILE + l0))),
                                                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(sg + TILE)))));
                 for (int i = 0; i < RB; i++) {
-                    const size_t rg = (size_t)(r0 + i) * G + g;
+                    const size_t rg = (size_t)g * R + r0 + i;
                     const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dot[i][hh]), _mm256_set1_ps(sx[rg]));
                     acc[i][hh] = _mm256_fmadd_ps(f, sv, acc[i][hh]);
                     acc[i][hh] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[rg]), acc[i][hh]);
@@ -318,7 +322,7 @@ static inline __attribute__((always_inline)) void tile_rows(
 /* int8, AVX2: as the AVX512 body, 8 lanes at a time. */
 static inline __attribute__((always_inline)) void tile_rows_i8(
     const uint8_t *w, const float *ws, int K, int t, const int8_t *xq, const float *sx, const float *corr,
-    int r0, const int RB, float *y, int N) {
+    int R, int r0, const int RB, float *y, int N) {
     const int G = K / 32;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 acc[MAX_ROWS][2];
@@ -326,6 +330,7 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
     const uint8_t *wt = w + (size_t)t * TILE * K;
     for (int g = 0; g < G; g++) {
         for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_DIST + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
+        const int8_t *xg = xq + ((size_t)g * R + r0) * 32;
         __m256i dot[MAX_ROWS][2];
         for (int i = 0; i < RB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
         for (int j = 0; j < 8; j++) {
@@ -334,7 +339,7 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
                 const __m256i q = _mm256_xor_si256(b, _mm256_set1_epi8((char)0x80)); /* u - 128 */
                 const __m256i aq = _mm256_abs_epi8(q);
                 for (int i = 0; i < RB; i++) {
-                    const int32_t v = *(const int32_t *)(xq + (size_t)(r0 + i) * K + (size_t)g * 32 + 4 * j);
+                    const int32_t v = *(const int32_t *)(xg + i * 32 + 4 * j);
                     /* u up to 255 would saturate maddubs pairs (2 * 255 * 127 > 32767), so
                      * multiply |q| by x carrying q's sign: pairs <= 2 * 127 * 127 (llama.cpp's trick). */
                     const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(v), q);
@@ -344,7 +349,7 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
         }
         for (int i = 0; i < RB; i++)
             for (int h = 0; h < 2; h++)
-                acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_set1_ps(sx[(size_t)(r0 + i) * G + g]),
+                acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[i][h]), _mm256_set1_ps(sx[(size_t)g * R + r0 + i]),
                                             acc[i][h]);
     }
     for (int i = 0; i < RB; i++)
@@ -423,34 +428,33 @@ static void amx_unpack(const uint8_t *w, int K, int t, uint8_t *b) {
 /* The VNNI body's epilogue for group g of rows [r0, r0 + M): dots [M rows][16 lanes] int32. */
 static inline __attribute__((always_inline)) void amx_epilogue(
     __m512 *acc, const int32_t *dots, const uint8_t *sub, const uint16_t *sup, int G, int S, int t, int g,
-    const float *sx, const float *xsum, int r0, const int M) {
+    const float *sx, const float *xsum, int R, int r0, const int M) {
     const uint16_t *sp = sup + ((size_t)t * (G / S) + g / S) * 2 * TILE;
     const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
     const __m512 dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + TILE)));
     __m512 sv, mv;
     group_scales(sub + ((size_t)t * G + g) * 2 * TILE, dv, dmv, &sv, &mv);
-    for (int i = 0; i < M; i++) {
-        const size_t rg = (size_t)(r0 + i) * G + g;
-        group_row(&acc[i], _mm512_load_si512((const void *)(dots + i * TILE)), sx + rg, xsum + rg, sv, mv);
-    }
+    const size_t rg = (size_t)g * R + r0;
+    for (int i = 0; i < M; i++)
+        group_row(&acc[i], _mm512_load_si512((const void *)(dots + i * TILE)), sx + rg + i, xsum + rg + i, sv, mv);
 }
 
 /* Group g's dots into tile C (tile numbers are immediates). tmm3, tmm4: the activations and codes. */
 #define AMX_ISSUE(C, g)                                                        \
     do {                                                                       \
         _tile_zero(C);                                                         \
-        _tile_loadd(3, xq + (size_t)r0 * K + (size_t)(g) * 32, K);             \
+        _tile_loadd(3, xq + ((size_t)(g) * R + r0) * 32, 32);                  \
         _tile_loadd(4, b + (size_t)(g) * 512, 64);                             \
         _tile_dpbsud(C, 3, 4);                                                 \
     } while (0)
-#define AMX_EPI(g, d) amx_epilogue(acc, d, sub, sup, G, S, t, g, sx, xsum, r0, M)
+#define AMX_EPI(g, d) amx_epilogue(acc, d, sub, sup, G, S, t, g, sx, xsum, R, r0, M)
 
 /* Rows [r0, r0 + 16) against tile t, whose codes amx_unpack left in b (gs = 32). Software-pipelined
  * three deep, group g in dot tile g % 3 and buffer g % 3: while the vector units scale group g, group
  * g + 1's dots travel from their tile to memory and the tile unit computes group g + 2's. */
 static inline __attribute__((always_inline)) void amx_tile_rows(
     const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t, const int8_t *xq, const float *sx,
-    const float *xsum, int r0, float *y, int N, const int M) {
+    const float *xsum, int R, int r0, float *y, int N, const int M) {
     const int G = K / 32, S = super_groups(G);
     __attribute__((aligned(64))) int32_t dots[3][AMX_ROWS * TILE];
     __m512 acc[AMX_ROWS];
@@ -477,9 +481,9 @@ static inline __attribute__((always_inline)) void amx_tile_rows(
 /* A pass of M rows, AMX_MIN_ROWS <= M <= AMX_ROWS (the tiles' configured height), M a constant in
  * each body. */
 static void amx_rows(const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t, const int8_t *xq,
-                     const float *sx, const float *xsum, int r0, float *y, int N, int M) {
+                     const float *sx, const float *xsum, int R, int r0, float *y, int N, int M) {
     switch (M) {
-#define AMX_CASE(m) case m: amx_tile_rows(b, sub, sup, K, t, xq, sx, xsum, r0, y, N, m); break;
+#define AMX_CASE(m) case m: amx_tile_rows(b, sub, sup, K, t, xq, sx, xsum, R, r0, y, N, m); break;
     AMX_CASE(12) AMX_CASE(13) AMX_CASE(14) AMX_CASE(15) AMX_CASE(16) /* AMX_MIN_ROWS .. AMX_ROWS */
 #undef AMX_CASE
     default: break;
@@ -500,19 +504,43 @@ static uint8_t *amx_buffer(size_t bytes) {
 }
 #endif
 
-/* x [R, K] float -> xq int8 [R, K], sx / xsum float [R, K / gs] (sx = max|x| / 127, xsum = the float
- * sum of x); xqsum (may be NULL): the integer sums of xq per group, as float. */
+/* x [R, K] float -> the activations in group-major order, so that a pass over one group of a tile
+ * finds its rows' bytes and scales at fixed offsets from one base: xq int8 [K / gs, R, gs], sx / xsum
+ * float [K / gs, R] (sx = max|x| / 127, xsum = the float sum of x); xqsum (may be NULL): the integer
+ * sums of xq per group, as float, [K / gs, R]. */
 static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
     const int G = K / gs;
     for (int r = 0; r < R; r++) {
         for (int g = 0; g < G; g++) {
-            const size_t rg = (size_t)r * G + g;
+            const size_t gr = (size_t)g * R + r;
             float amax;
             int32_t qsum;
-            quantize_group(x + rg * gs, gs, xq + rg * gs, &amax, &xsum[rg], &qsum);
-            sx[rg] = amax / 127.f;
-            if (xqsum) xqsum[rg] = (float)qsum;
+            quantize_group(x + (size_t)r * K + (size_t)g * gs, gs, xq + gr * gs, &amax, &xsum[gr], &qsum);
+            sx[gr] = amax / 127.f;
+            if (xqsum) xqsum[gr] = (float)qsum;
         }
+    }
+}
+
+/* The VNNI / AVX2 passes of tile t for rows [r0, R): gs a constant where the caller passes one. */
+static inline __attribute__((always_inline)) void tile_passes(
+    const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, const int gs, int t, const int8_t *xq,
+    const float *sx, const float *xsum, int R, int r0, float *y, int N) {
+    for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS)
+        tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, MAX_ROWS, y, N);
+    switch (R - r0) { /* one specialised body per remainder, so the row loops unroll */
+    case 1: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 1, y, N); break;
+    case 2: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 2, y, N); break;
+    case 3: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 3, y, N); break;
+    case 4: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 4, y, N); break;
+    case 5: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 5, y, N); break;
+    case 6: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 6, y, N); break;
+    case 7: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 7, y, N); break;
+#if MAX_ROWS > 8
+    case 8: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 8, y, N); break;
+    case 9: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 9, y, N); break;
+#endif
+    default: break;
     }
 }
 
@@ -525,44 +553,32 @@ static void tile(const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, i
     if (amx) {
         amx_unpack(w, K, t, amx);
         const int M = amx_height(R);
-        for (; r0 + M <= R; r0 += M) amx_rows(amx, s, z, K, t, xq, sx, xsum, r0, y, N, M);
+        for (; r0 + M <= R; r0 += M) amx_rows(amx, s, z, K, t, xq, sx, xsum, R, r0, y, N, M);
     }
 #else
     (void)amx;
 #endif
-    for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS)
-        tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, MAX_ROWS, y, N);
-    switch (R - r0) { /* one specialised body per remainder, so the row loops unroll */
-    case 1: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 1, y, N); break;
-    case 2: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 2, y, N); break;
-    case 3: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 3, y, N); break;
-    case 4: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 4, y, N); break;
-    case 5: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 5, y, N); break;
-    case 6: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 6, y, N); break;
-    case 7: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 7, y, N); break;
-#if MAX_ROWS > 8
-    case 8: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 8, y, N); break;
-    case 9: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, r0, 9, y, N); break;
-#endif
-    default: break;
-    }
+    if (gs == 32) /* every Q4_K tensor: the chunk loops unroll and the row offsets become immediates */
+        tile_passes(w, s, z, K, 32, t, xq, sx, xsum, R, r0, y, N);
+    else
+        tile_passes(w, s, z, K, gs, t, xq, sx, xsum, R, r0, y, N);
 }
 
 static void tile_i8(const uint8_t *w, const float *ws, int K, int t, const int8_t *xq, const float *sx,
                     const float *corr, int R, float *y, int N) {
     int r0 = 0;
-    for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS) tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, MAX_ROWS, y, N);
+    for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS) tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, MAX_ROWS, y, N);
     switch (R - r0) {
-    case 1: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 1, y, N); break;
-    case 2: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 2, y, N); break;
-    case 3: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 3, y, N); break;
-    case 4: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 4, y, N); break;
-    case 5: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 5, y, N); break;
-    case 6: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 6, y, N); break;
-    case 7: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 7, y, N); break;
+    case 1: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 1, y, N); break;
+    case 2: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 2, y, N); break;
+    case 3: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 3, y, N); break;
+    case 4: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 4, y, N); break;
+    case 5: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 5, y, N); break;
+    case 6: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 6, y, N); break;
+    case 7: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 7, y, N); break;
 #if MAX_ROWS > 8
-    case 8: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 8, y, N); break;
-    case 9: tile_rows_i8(w, ws, K, t, xq, sx, corr, r0, 9, y, N); break;
+    case 8: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 8, y, N); break;
+    case 9: tile_rows_i8(w, ws, K, t, xq, sx, corr, R, r0, 9, y, N); break;
 #endif
     default: break;
     }
@@ -606,7 +622,7 @@ void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w,
     quantize_rows(x, R, K, 32, xq, sx, xsum, xqsum);
     for (int r = 0; r < R; r++) { /* 128 sum_g sx xqsum: the +128 bias of the unsigned weights */
         float c = 0.f;
-        for (int g = 0; g < G; g++) c += sx[(size_t)r * G + g] * xqsum[(size_t)r * G + g];
+        for (int g = 0; g < G; g++) c += sx[(size_t)g * R + r] * xqsum[(size_t)g * R + r];
         corr[r] = INT8_UNSIGNED_BIAS ? 128.f * c : 0.f;
     }
     const int T = N / TILE;
