@@ -115,3 +115,33 @@ def test_silu_mul_matches_pytorch():
     got = native_kernels().silu_mul(gu)
     want = torch.nn.functional.silu(gu[:, :64]) * gu[:, 64:]
     torch.testing.assert_close(got, want, rtol=3e-6, atol=1e-30)
+
+
+def test_a_ragged_batch_runs_its_layers_on_its_real_rows_only(monkeypatch):
+    """Drafts of different lengths verified together: the layers see sum(num_new) packed rows, not B x T,
+    and every real row gets the bits it gets alone; padding comes back zero (logits, hidden, captured)."""
+    model = quantized(hf_model("qwen2"), "int4")
+    runner = _runner(model, torch.bfloat16)
+    kv = runner.kv
+    a, b, c = kv.allocate(), kv.allocate(), kv.allocate()
+    for slot, prompt in ((a, list(range(7, 30))), (b, list(range(40, 52))), (c, list(range(60, 75)))):
+        runner.forward([slot], [prompt], logits=False)
+        kv.set_length(slot, len(prompt))
+    rows = []
+    real = type(native_kernels()).decoder_layer
+
+    def recording(self, layer, batch, *args):
+        rows.append(batch.N)
+        return real(self, layer, batch, *args)
+
+    tokens = [[5], [6, 7, 8, 9, 10], [11, 12]]
+    with monkeypatch.context() as m:
+        m.setattr(type(native_kernels()), "decoder_layer", recording)
+        logits, hidden, captured = runner.forward([a, b, c], tokens, capture_layers=(0,))
+    assert rows == [8] * model.cfg.num_layers  # 1 + 5 + 2, not 3 x 5
+    for i, (slot, toks) in enumerate(zip((a, b, c), tokens)):
+        alone, h_alone, cap_alone = runner.forward([slot], [toks], capture_layers=(0,))
+        n = len(toks)
+        assert torch.equal(logits[i, :n], alone[0]) and torch.equal(hidden[i, :n], h_alone[0])
+        assert torch.equal(captured[0][i, :n], cap_alone[0][0])
+        assert not logits[i, n:].any() and not hidden[i, n:].any() and not captured[0][i, n:].any()

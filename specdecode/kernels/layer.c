@@ -50,9 +50,14 @@ typedef struct {
     sd_linear down;                   /* inter -> hidden */
 } sd_layer;
 
-/* One forward's batch: B rows of T queries (row b, query t is activation row b T + t). */
+/* One forward's batch: B rows of T queries, of which row b has num_new[b] (the rest pad it to T).
+ * The layer's activations are the N packed rows: activation row n is query (b, t) = (pos[n] / T,
+ * pos[n] % T); pos NULL means N = B T and pos[n] = n. Packing a ragged batch (drafts of different
+ * lengths verified together) keeps the padding out of the matrices, where a row costs its full
+ * share; attention still takes [B, T] (a padding query sees one key). */
 typedef struct {
-    int32_t B, T;
+    int32_t B, T, N;
+    const int32_t *pos;                      /* [N] or NULL */
     const int32_t *slots, *starts, *num_new; /* [B]: cache slot, tokens already cached, new tokens */
     const int32_t *nkeys;                    /* [B, T]: attention.c's visibility */
     const uint8_t *mask;                     /* [B, T, Lm] or NULL */
@@ -137,52 +142,54 @@ size_t specdecode_layer_scratch(const sd_layer *L, int R) {
     return up64(4 * floats) + gemm_scratch(R, kmax(L));
 }
 
-/* x [B T, hidden] float32, updated in place to the layer's output; writes the new tokens' keys and
- * values (rows t < num_new[b]) at cache indices starts[b] + t of slot slots[b] in kc, vc (this
- * layer's cache). scratch: specdecode_layer_scratch bytes, 64-byte aligned. Returns 0, or -1 where
- * attention could not allocate its scratch. */
+/* x [N, hidden] float32 (the packed rows), updated in place to the layer's output; writes the new
+ * tokens' keys and values (queries t < num_new[b]) at cache indices starts[b] + t of slot slots[b] in
+ * kc, vc (this layer's cache). scratch: specdecode_layer_scratch bytes for B T rows, 64-byte aligned.
+ * Returns 0, or -1 where attention could not allocate its scratch. */
 int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, void *vc, float *x, void *scratch,
                              int threads) {
-    const int B = bt->B, T = bt->T, R = B * T, H = L->H, Hkv = L->Hkv, D = L->D, hd = L->hidden, I = L->inter;
+    const int B = bt->B, T = bt->T, R = bt->N, H = L->H, Hkv = L->Hkv, D = L->D, hd = L->hidden, I = L->inter;
     const int nqkv = (H + 2 * Hkv) * D;
     float *h = (float *)scratch;                    /* [R, hidden]: normed input */
     float *qkv = h + (size_t)R * hd;                /* [R, nqkv] */
+    const size_t BT = (size_t)B * T;
     float *q = qkv + (size_t)R * nqkv;              /* [B, H, T, D]: rotated queries */
-    float *o = q + (size_t)R * H * D;               /* [B, H, T, D]: attention output */
-    float *a = o + (size_t)R * H * D;               /* [R, H D] */
+    float *o = q + BT * H * D;                      /* [B, H, T, D]: attention output */
+    float *a = o + BT * H * D;                      /* [R, H D] */
     float *gu = a + (size_t)R * H * D;              /* [R, 2 inter] */
     float *act = gu + (size_t)R * 2 * I;            /* [R, inter] */
     float *y = act + (size_t)R * I;                 /* [R, hidden] */
-    char *gs = (char *)scratch + up64(4 * (size_t)R * (2 * hd + nqkv + 3 * (size_t)H * D + 3 * (size_t)I));
+    char *gs = (char *)scratch + up64(4 * BT * (2 * hd + nqkv + 3 * (size_t)H * D + 3 * (size_t)I));
 
     specdecode_rmsnorm(x, L->in_norm, h, R, hd, L->eps);
     linear(&L->qkv, h, R, qkv, gs, threads);
-    for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            const int r = b * T + t;
-            float *src = qkv + (size_t)r * nqkv;
-            if (L->q_norm) /* in place, per head: the unfused path norms a copy, the same bits */
-                for (int i = 0; i < H + Hkv; i++)
-                    specdecode_rmsnorm(src + (size_t)i * D, i < H ? L->q_norm : L->k_norm, src + (size_t)i * D, 1, D,
-                                       L->eps);
-            const float *c = bt->cos + (size_t)r * D, *s = bt->sin + (size_t)r * D;
-            for (int i = 0; i < H; i++) rope(src + (size_t)i * D, c, s, D, q + (((size_t)b * H + i) * T + t) * D);
-            if (t >= bt->num_new[b]) continue; /* padding: nothing to cache */
-            float kr[256]; /* D <= 256 */
-            for (int i = 0; i < Hkv; i++) {
-                const size_t idx = (((size_t)bt->slots[b] * Hkv + i) * bt->Lmax + bt->starts[b] + t) * D;
-                rope(src + (size_t)(H + i) * D, c, s, D, kr);
-                store(kc, idx, kr, D, bt->bf16);
-                store(vc, idx, src + (size_t)(H + Hkv + i) * D, D, bt->bf16);
-            }
+    if (bt->pos) memset(q, 0, sizeof(float) * BT * H * D); /* padding queries: finite, unused */
+    for (int n = 0; n < R; n++) {
+        const int r = bt->pos ? bt->pos[n] : n, b = r / T, t = r % T;
+        float *src = qkv + (size_t)n * nqkv;
+        if (L->q_norm) /* in place, per head: the unfused path norms a copy, the same bits */
+            for (int i = 0; i < H + Hkv; i++)
+                specdecode_rmsnorm(src + (size_t)i * D, i < H ? L->q_norm : L->k_norm, src + (size_t)i * D, 1, D,
+                                   L->eps);
+        const float *c = bt->cos + (size_t)r * D, *s = bt->sin + (size_t)r * D;
+        for (int i = 0; i < H; i++) rope(src + (size_t)i * D, c, s, D, q + (((size_t)b * H + i) * T + t) * D);
+        if (t >= bt->num_new[b]) continue; /* padding: nothing to cache */
+        float kr[256]; /* D <= 256 */
+        for (int i = 0; i < Hkv; i++) {
+            const size_t idx = (((size_t)bt->slots[b] * Hkv + i) * bt->Lmax + bt->starts[b] + t) * D;
+            rope(src + (size_t)(H + i) * D, c, s, D, kr);
+            store(kc, idx, kr, D, bt->bf16);
+            store(vc, idx, src + (size_t)(H + Hkv + i) * D, D, bt->bf16);
         }
+    }
     if (specdecode_attention(q, kc, vc, bt->bf16, B, H, Hkv, T, D, bt->Lmax, bt->slots, bt->nkeys, bt->mask, bt->Lm,
                              bt->scale, o, threads))
         return -1;
-    for (int b = 0; b < B; b++) /* [B, H, T, D] -> [B T, H D] */
+    for (int n = 0; n < R; n++) { /* [B, H, T, D] -> [R, H D] */
+        const int r = bt->pos ? bt->pos[n] : n, b = r / T, t = r % T;
         for (int i = 0; i < H; i++)
-            for (int t = 0; t < T; t++)
-                memcpy(a + ((size_t)(b * T + t) * H + i) * D, o + (((size_t)b * H + i) * T + t) * D, sizeof(float) * D);
+            memcpy(a + ((size_t)n * H + i) * D, o + (((size_t)b * H + i) * T + t) * D, sizeof(float) * D);
+    }
     linear(&L->o, a, R, y, gs, threads);
     for (size_t i = 0; i < (size_t)R * hd; i++) x[i] = x[i] + y[i];
     specdecode_rmsnorm(x, L->post_norm, h, R, hd, L->eps);

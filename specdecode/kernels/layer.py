@@ -23,7 +23,7 @@ class SdLayer(ctypes.Structure):
 
 
 class SdBatch(ctypes.Structure):
-    _fields_ = [("B", _i), ("T", _i), ("slots", _p), ("starts", _p), ("num_new", _p), ("nkeys", _p),
+    _fields_ = [("B", _i), ("T", _i), ("N", _i), ("pos", _p), ("slots", _p), ("starts", _p), ("num_new", _p), ("nkeys", _p),
                 ("mask", _p), ("Lm", _i), ("cos", _p), ("sin", _p), ("bf16", _i), ("Lmax", _i), ("scale", _f)]
 
 

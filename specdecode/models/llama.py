@@ -66,15 +66,15 @@ class LlamaModel(nn.Module):
         cos, sin = self.rotary(positions, x.dtype)
         fused = self._native.begin(ctx, x, cos, sin)  # one native call per layer where it applies
         if fused is not None:
-            x = x.contiguous().clone()  # updated in place layer by layer
+            x = fused.pack(x)  # a copy, updated in place layer by layer (ragged batches: packed rows)
         for i, layer in enumerate(self.layers):
             if fused is not None:
                 fused.layer(i, x)
             else:
                 x = layer(x, cos, sin)
             if i in ctx.capture_layers:
-                ctx.captured[i] = x.clone() if fused is not None else x
-        return self.norm(x)
+                ctx.captured[i] = fused.unpack(x, copy=True) if fused is not None else x
+        return self.norm(x if fused is None else fused.unpack(x))
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] (already normed) -> logits [..., vocab] in float32."""

@@ -84,7 +84,12 @@ class NativeForward:
 
 
 class _Batch:
-    """One forward's sd_batch, scratch and cache addresses."""
+    """One forward's sd_batch, scratch and cache addresses.
+
+    A ragged batch (rows with fewer new tokens than the longest, as when drafts of different lengths
+    are verified together) runs its layers on the packed rows only: x [N, hidden] with N = sum of
+    num_new, so that padding costs nothing in the matrices. Every row's result is the same either way
+    (the native kernels are row-invariant)."""
 
     def __init__(self, ops: list[LayerOperands], ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         nk = native_kernels()
@@ -96,8 +101,14 @@ class _Batch:
         self.num_new = torch.tensor(ctx.num_new, dtype=torch.int32)
         self.cos, self.sin = cos.contiguous(), sin.contiguous()
         self.keep = (nkeys, mask, slots)
+        # pos [N]: flat index b T + t of each packed row; None when no row is padded
+        self.shape, self.pos = (B, T), None
+        if sum(ctx.num_new) < B * T:
+            self.pos = torch.tensor([b * T + t for b, n in enumerate(ctx.num_new) for t in range(n)], dtype=torch.int32)
+        N = B * T if self.pos is None else len(self.pos)
         D = kv.k.shape[-1]
-        self.batch = SdBatch(B, T, slots.data_ptr(), self.starts.data_ptr(), self.num_new.data_ptr(), nkeys.data_ptr(),
+        self.batch = SdBatch(B, T, N, None if self.pos is None else self.pos.data_ptr(), slots.data_ptr(),
+                             self.starts.data_ptr(), self.num_new.data_ptr(), nkeys.data_ptr(),
                              None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1],
                              self.cos.data_ptr(), self.sin.data_ptr(), int(kv.k.dtype == torch.bfloat16), kv.k.shape[3],
                              D ** -0.5)
@@ -106,6 +117,22 @@ class _Batch:
         self.nk = nk
         self.kv = kv
 
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, T, hidden] -> a new contiguous tensor of the rows the layers run on: [N, hidden]
+        when the batch is ragged, else [B, T, hidden]."""
+        if self.pos is None:
+            return x.contiguous().clone()
+        return x.reshape(-1, x.shape[-1])[self.pos.long()].contiguous()
+
+    def unpack(self, x: torch.Tensor, copy: bool = False) -> torch.Tensor:
+        """The inverse of pack: [B, T, hidden], padding rows zero; a new tensor when packed or copy,
+        else x itself."""
+        if self.pos is None:
+            return x.clone() if copy else x
+        out = x.new_zeros(*self.shape, x.shape[-1])
+        out.view(-1, x.shape[-1])[self.pos.long()] = x
+        return out
+
     def layer(self, i: int, x: torch.Tensor) -> None:
-        """x float32 contiguous [B, T, hidden], owned by the caller, becomes decoder layer i's output."""
+        """x float32 contiguous (from pack), owned by the caller, becomes decoder layer i's output."""
         self.nk.decoder_layer(self.ops[i].struct, self.batch, self.kv.k[i], self.kv.v[i], x, self.scratch)

@@ -30,7 +30,7 @@ class ModelRunner:
         passes its node depths plus the committed length and a tree_mask [B, T, T].
         Returns (logits, hidden, captured): logits [B, T, V] float32 ([B, V] with last_only, the last
         *real* token of each row; None with logits=False), hidden [B, T, H] final normed hidden states,
-        captured {layer: [B, T, H]}.
+        captured {layer: [B, T, H]}. Padding (row b's positions from num_new[b] on) is zero in all of them.
         row_exact: attend query by query (runtime/context.py), for verify forwards.
         Does not commit: the new tokens sit in the cache beyond ``kv.lengths[slot]``."""
         B = len(slots)
@@ -50,9 +50,23 @@ class ModelRunner:
                       backend=self.attention)
         with use_context(ctx, self.device):
             hidden = self.model(ids, pos)
+        real = None  # [B, T] bool: the rows that are not padding, where some are
+        if min(num_new) < T:
+            real = torch.zeros(B, T, dtype=torch.bool)
+            for b, n in enumerate(num_new):
+                real[b, :n] = True
+            real = real.to(self.device)
+            for h in (hidden, *ctx.captured.values()):  # one contract on every path (the fused one packs)
+                h[~real] = 0
         if not logits:
             return None, hidden, ctx.captured
         if last_only:
             last = torch.tensor([n - 1 for n in num_new], device=self.device)
             return self.model.compute_logits(hidden[torch.arange(B, device=self.device), last]), hidden, ctx.captured
+        if real is not None:  # ragged: the LM head multiplies the real rows only
+            rows = self.model.compute_logits(hidden[real])  # [N, V]
+            out = rows.new_empty(B, T, rows.shape[-1])
+            out[real] = rows
+            out[~real] = 0
+            return out, hidden, ctx.captured
         return self.model.compute_logits(hidden), hidden, ctx.captured
