@@ -217,9 +217,10 @@ class Engine:
             seq.t_prefill_done = self.timer.now()
 
     def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
-        """Each sequence's draft cap this step: one length for the batch (it shares one padded verify
-        forward), capped by each sequence's room (max_tokens, context length) and the drafter's own cap
-        (--draft-max for a model drafter, the n-gram and suffix caps for draftless ones)."""
+        """Each sequence's draft cap this step: one length for the batch (it shares one verify
+        forward, priced as if every sequence drafted that much), capped by each sequence's room
+        (max_tokens, context length) and the drafter's own cap (--draft-max for a model drafter, the
+        n-gram and suffix caps for draftless ones)."""
         spec, prop = self.cfg.spec, self.proposer
         rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, self.max_model_len - s.num_tokens - 1,
                             prop.max_tokens)) for s in seqs]

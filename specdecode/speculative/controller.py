@@ -160,9 +160,10 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     draft length shared by a batch verified in one forward: argmax_k sum_b E_b(depth(k)) / C(k),
     over k in {0} ∪ [max(k_min, 1), k_max]; k = 0 is plain decoding, B / v(1).
 
-    Rows are padded to the longest draft, so every sequence pays for the batch's k + 1 tokens
-    whatever its own draft: choosing per sequence would let one sequence's long draft cost the whole
-    batch its padded rows. alphas[b] has sequence b's per-position estimates; a list shorter than
+    The batch is priced as if every sequence verified k + 1 tokens: exact where rows are padded to
+    the longest draft (every sequence pays for it whatever its own draft), an upper bound where a
+    ragged batch runs packed (the fused CPU layers), since a drafter that finds fewer tokens then
+    leaves its rows out. alphas[b] has sequence b's per-position estimates; a list shorter than
     k (less room left) caps that sequence's draft at its length. depth(k): the positions a draft of
     k tokens reaches and the drafting units it costs (a chain: k; a tree: at most its depth, its
     other nodes are siblings). draft_cost: one batched drafting unit; verify_cost(t): the batch's
