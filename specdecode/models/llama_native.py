@@ -80,6 +80,7 @@ class NativeForward:
         ops = self._operands()
         if ops is None:
             return None
+        ctx.packed = True
         return _Batch(ops, ctx, x, cos, sin)
 
 

@@ -43,6 +43,7 @@ class Context:
     # Derived on first use by row_keys(): per (row, new token) the keys it sees.
     _row_keys: list | None = None
     backend: Any = None  # the AttentionBackend (runtime/attention); None = the default one
+    packed: bool = False  # set by a model path that runs only the real rows of a ragged batch (the fused CPU layers)
     native: Any = None  # derived once per forward by the cpu-native backend (its visibility operands)
 
     def row_keys(self) -> list[list[tuple[int, torch.Tensor | None]]]:

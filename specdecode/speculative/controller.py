@@ -115,7 +115,10 @@ class AcceptanceEstimate:
 
 
 class CostModel:
-    """Measured target forward time v(b, t) over t new tokens per row, for batch size b.
+    """Measured target forward time v(b, n) of a verify forward over n rows (new tokens, all
+    sequences together) for batch size b; v(b, t) in the controller's terms is the shape of b rows of
+    t tokens each, n = b t (``verify_cost``). A ragged batch that runs packed (the fused CPU layers)
+    computes only its real rows, so it is observed at its real row count.
 
     Each shape's estimate is the running mean of its first measurements, then an EMA (weight
     max(EMA, 1/n) for its n-th): the first one is the calibration's (best of two on a short scratch
@@ -125,33 +128,38 @@ class CostModel:
     def __init__(self):
         self.v: dict[tuple[int, int], float] = {}
         self._n: dict[tuple[int, int], int] = {}  # measurements of each shape
-        self._sizes: dict[int, list[int]] = {}  # batch -> measured token counts, ascending
+        self._sizes: dict[int, list[int]] = {}  # batch -> measured row counts, ascending
 
-    def observe(self, batch: int, tokens: int, seconds: float) -> None:
-        key = (batch, tokens)
+    def observe(self, batch: int, rows: int, seconds: float) -> None:
+        key = (batch, rows)
         if key not in self.v:
-            insort(self._sizes.setdefault(batch, []), tokens)
+            insort(self._sizes.setdefault(batch, []), rows)
             self.v[key], self._n[key] = seconds, 1
             return
         self._n[key] += 1
         self.v[key] += max(EMA, 1 / self._n[key]) * (seconds - self.v[key])
 
     def verify_cost(self, batch: int, tokens: int) -> float:
-        if (batch, tokens) in self.v:
-            return self.v[(batch, tokens)]
+        """A forward of ``batch`` sequences with ``tokens`` new tokens each."""
+        return self.rows_cost(batch, batch * tokens)
+
+    def rows_cost(self, batch: int, rows: int) -> float:
+        """A forward of ``batch`` sequences with ``rows`` new tokens among them (each at least one)."""
+        if (batch, rows) in self.v:
+            return self.v[(batch, rows)]
         if not self.v:
-            return float(batch * tokens)  # no data yet: proportional to work (pessimistic)
+            return float(rows)  # no data yet: proportional to work (pessimistic)
         sizes = self._sizes.get(batch, [])
-        i = bisect(sizes, tokens)
+        i = bisect(sizes, rows)
         if 0 < i < len(sizes):  # between two measured sizes of this batch: linear in between
-            t0, t1 = sizes[i - 1], sizes[i]
-            s0, s1 = self.v[(batch, t0)], self.v[(batch, t1)]
-            return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
-        # Unmeasured shape: scale the nearest measurement linearly in batch*tokens. Linear is an
-        # upper bound on CPU and GPU alike (small verifies cost less than proportionally), so an
-        # unmeasured shape never makes drafting look cheaper than it is.
-        (b, t), s = min(self.v.items(), key=lambda kv: abs(kv[0][0] * kv[0][1] - batch * tokens))
-        return s * (batch * tokens) / (b * t)
+            n0, n1 = sizes[i - 1], sizes[i]
+            s0, s1 = self.v[(batch, n0)], self.v[(batch, n1)]
+            return s0 + (s1 - s0) * (rows - n0) / (n1 - n0)
+        # Unmeasured shape: scale the nearest measurement linearly in rows. Linear is an upper bound
+        # on CPU and GPU alike (small verifies cost less than proportionally), so an unmeasured shape
+        # never makes drafting look cheaper than it is.
+        (b, n), s = min(self.v.items(), key=lambda kv: abs(kv[0][1] - rows))
+        return s * rows / n
 
 
 def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
@@ -169,14 +177,7 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     other nodes are siblings). draft_cost: one batched drafting unit; verify_cost(t): the batch's
     forward over t tokens per row. One sequence: E(k)/C(k)."""
     best_k, best = 0, len(alphas) / verify_cost(1)
-    # gain[b][d] = E_b over d positions = 1 + a_1 + a_1 a_2 + ... + a_1..a_d (d capped at len(a))
-    gain = []
-    for a in alphas:
-        g, run = [1.0], 1.0
-        for x in a:
-            run *= x
-            g.append(g[-1] + run)
-        gain.append(g)
+    gain = [_gains(a) for a in alphas]  # gain[b][d]: E_b over d positions (d capped at len(a))
     for k in range(max(1, k_min), k_max + 1):
         d = depth(k)
         rate = sum(g[min(d, len(g) - 1)] for g in gain) / (d * draft_cost + verify_cost(k + 1))
@@ -189,6 +190,67 @@ def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, veri
                               k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> int:
     """The draft length of best_batch_draft_length."""
     return best_batch_draft_length(alphas, draft_cost, verify_cost, k_max, k_min, depth)[1]
+
+
+def choose_ragged_draft_lengths(alphas: list[list[float]], draft_cost: float, rows_cost: Callable[[int], float],
+                                caps: list[int], k_min: int = 0,
+                                depth: Callable[[int], int] = lambda k: k) -> list[int]:
+    """Per-sequence draft lengths for a batch whose verify runs packed, where sequence b pays for its
+    own 1 + k_b rows only: argmax over (k_1..k_B) of sum_b E_b(depth(k_b)) / C, C = depth(max_b k_b)
+    * draft_cost + v(sum_b (1 + k_b)), each k_b in {0} ∪ [max(k_min, 1), caps[b]]. All k_b = 0 (plain
+    decoding, B / v(B)) is a candidate, so drafting is chosen only where it pays. Searched greedily:
+    from no drafts, each round lengthens the one sequence whose longer draft gives the best rate, while
+    some longer draft still gains; the best rate seen wins. A sequence never drafts past the position
+    its estimates reach (no modelled gain there). alphas, depth, draft_cost: as in
+    best_batch_draft_length; rows_cost(n): the batch's verify forward over n rows."""
+    gains = [_gains(a) for a in alphas]
+    first = max(k_min, 1)
+    tops = []  # per sequence: the longest useful length (its estimates' last position, within its cap)
+    for a, cap in zip(alphas, caps):
+        k = 0
+        while k < cap and (k == 0 or depth(k) < len(a)):
+            k += 1
+        tops.append(k if a else 0)
+    costs: dict[int, float] = {}
+
+    def cost(rows: int, longest: int) -> float:
+        if rows not in costs:
+            costs[rows] = rows_cost(rows)
+        return (depth(longest) if longest else 0) * draft_cost + costs[rows]
+
+    def value(b: int, k: int) -> float:
+        g = gains[b]
+        return g[min(depth(k), len(g) - 1)] if k else 1.0
+
+    ks = [0] * len(alphas)
+    got, rows, longest = float(len(ks)), len(ks), 0
+    best, best_ks = got / cost(rows, 0), list(ks)
+    while True:
+        step = None  # (rate, b, new length, value gained)
+        for b, k in enumerate(ks):
+            nk = first if k == 0 else k + 1
+            if nk > tops[b]:
+                continue
+            dv = value(b, nk) - value(b, k)
+            r = (got + dv) / cost(rows + nk - k, max(longest, nk))
+            if dv > 0 and (step is None or r > step[0]):
+                step = (r, b, nk, dv)
+        if step is None:
+            return best_ks
+        r, b, nk, dv = step
+        got, rows, longest = got + dv, rows + nk - ks[b], max(longest, nk)
+        ks[b] = nk
+        if r > best:
+            best, best_ks = r, list(ks)
+
+
+def _gains(a: list[float]) -> list[float]:
+    """g[d] = E over d drafted positions = 1 + a_1 + a_1 a_2 + ... + a_1..a_d, d <= len(a)."""
+    g, run = [1.0], 1.0
+    for x in a:
+        run *= x
+        g.append(g[-1] + run)
+    return g
 
 
 def best_rate(alphas: list[float], draft_cost: float, verify_cost, k_max: int,
