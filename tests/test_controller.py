@@ -1,6 +1,5 @@
 """The draft-length cost model: drafts when verifying is cheap and acceptance high, stops when not."""
-from specdecode.speculative.controller import (AcceptanceEstimate, CostModel, choose_batch_draft_length,
-                                              choose_ragged_draft_lengths)
+from specdecode.speculative.controller import AcceptanceEstimate, CostModel, choose_batch_draft_length
 
 
 
@@ -32,28 +31,6 @@ def test_batch_shares_one_draft_length():
     assert choose_batch_draft_length([[0.9], [0.9]], 0.0, v, 4) == 1
 
 
-def test_a_packed_batch_gives_each_sequence_its_own_draft_length():
-    """Where a ragged batch runs packed, a sequence pays for its own rows only: the sure one drafts
-    to its cap, the hopeless one not at all, which beats the shared length (k = 2 for both)."""
-    per_row = lambda n: 1.0 + 0.1 * (n - 2)  # noqa: E731  (two sequences: 2 rows at least)
-    sure, hopeless = [0.9] * 4, [0.0] * 4
-    assert choose_ragged_draft_lengths([sure, hopeless], 0.0, per_row, [4, 4]) == [4, 0]
-    assert choose_ragged_draft_lengths([hopeless, hopeless], 0.0, per_row, [4, 4]) == [0, 0]
-    assert choose_ragged_draft_lengths([sure, sure], 0.0, per_row, [4, 1]) == [4, 1]  # caps hold
-    assert choose_ragged_draft_lengths([sure, sure], 0.0, lambda n: float(n), [4, 4]) == [0, 0]  # rows at full price
-    assert choose_ragged_draft_lengths([sure, sure], 0.0, per_row, [4, 4], k_min=3) in ([4, 4], [3, 3], [3, 4], [4, 3])
-    # a model drafter's cost is per level of the longest draft: dear levels leave both plain
-    assert choose_ragged_draft_lengths([sure, hopeless], 2.0, per_row, [4, 4]) == [0, 0]
-
-
-def test_ragged_choice_of_one_sequence_is_the_shared_choice():
-    v = {1: 1.0, 2: 1.18, 3: 1.38, 4: 1.7, 5: 2.5}
-    for alphas in ([0.9] * 4, [0.1] * 4, [0.6, 0.6, 0.3, 0.3]):
-        for cost in (0.0, 0.1):
-            shared = choose_batch_draft_length([alphas], cost, v.__getitem__, 4)
-            assert choose_ragged_draft_lengths([alphas], cost, v.__getitem__, [4]) == [shared]
-
-
 def test_cost_model_keys_shapes_by_rows():
     """A packed ragged batch is observed at its real row count, and priced there."""
     c = CostModel()
@@ -77,25 +54,6 @@ def never_drafting_llm(spec_type: str = "ngram-simple"):
     asked = []
     eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
     return llm, asked
-
-
-def test_engine_gives_ragged_lengths_only_where_the_verify_runs_packed():
-    """Two sequences, one whose drafts are all right and one whose drafts never are, on fixed cheap
-    rows: where the last forward ran packed, the sure one drafts to its cap and the other not at all;
-    on a padded path both share one length."""
-    from specdecode import SamplingParams
-
-    llm, _ = never_drafting_llm()
-    eng = llm.engine
-    eng.costs.rows_cost = lambda batch, n: 1.0 + 0.1 * (n - batch)
-    eng.costs.verify_cost = lambda batch, t: 1.0 + 0.1 * batch * (t - 1)
-    a, b = (eng.add_request(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=30)) for _ in range(2))
-    eng.proposer.estimate = lambda seq, k: [1.0 if seq is a else 0.0] * k
-    eng.runner.packs_ragged = True
-    assert eng._draft_lengths([a, b]) == [min(29, eng.proposer.max_tokens), 0]  # its room: max_tokens - 1
-    eng.runner.packs_ragged = False
-    shared = eng._draft_lengths([a, b])
-    assert shared[0] == shared[1]
 
 
 def test_positions_asked_but_not_drafted_count_as_misses():

@@ -139,7 +139,7 @@ def test_a_ragged_batch_runs_its_layers_on_its_real_rows_only(monkeypatch):
         m.setattr(type(native_kernels()), "decoder_layer", recording)
         logits, hidden, captured = runner.forward([a, b, c], tokens, capture_layers=(0,))
     assert rows == [8] * model.cfg.num_layers  # 1 + 5 + 2, not 3 x 5
-    assert runner.packs_ragged and runner.last_rows == 8  # what the controller's cost model sees
+    assert runner.last_rows == 8  # what the controller's cost model observes
     for i, (slot, toks) in enumerate(zip((a, b, c), tokens)):
         alone, h_alone, cap_alone = runner.forward([slot], [toks], capture_layers=(0,))
         n = len(toks)

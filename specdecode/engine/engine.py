@@ -26,8 +26,7 @@ from ..runtime.timer import Timer
 from ..sampling import RandomStream
 from ..sampling_params import SamplingParams
 from ..speculative import make_proposer
-from ..speculative.controller import (AcceptanceEstimate, CostModel, best_rate, choose_batch_draft_length,
-                                      choose_ragged_draft_lengths)
+from ..speculative.controller import AcceptanceEstimate, CostModel, best_rate, choose_batch_draft_length
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache
@@ -237,10 +236,6 @@ class Engine:
         if spec.draft_fixed:
             return rooms
         alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]
-        if batch > 1 and self.runner.packs_ragged:  # each sequence pays for its own rows only
-            return choose_ragged_draft_lengths(alphas, prop.draft_cost(batch),
-                                               lambda n: self.costs.rows_cost(batch, n), rooms, spec.draft_min,
-                                               depth=prop.depth)
         k = choose_batch_draft_length(alphas, prop.draft_cost(batch), verify, max(rooms), spec.draft_min,
                                       depth=prop.depth)
         return [min(k, r) for r in rooms]

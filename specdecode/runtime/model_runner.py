@@ -15,9 +15,9 @@ class ModelRunner:
     def __init__(self, model, kv: KVCache, attention=None):
         """attention: the AttentionBackend (runtime/attention) its forwards run on; None = the default."""
         self.model, self.kv, self.attention = model, kv, attention
-        # Of the last forward: whether its layers ran a ragged batch's real rows only (packed), and
-        # the rows they computed (sum of num_new packed, else B x T)
-        self.packs_ragged, self.last_rows = False, 0
+        # the rows the last forward's layers computed: sum of num_new where a ragged batch ran packed,
+        # else B x T (the verify cost the controller's cost model observes)
+        self.last_rows = 0
 
     @property
     def device(self) -> torch.device:
@@ -53,7 +53,7 @@ class ModelRunner:
                       backend=self.attention)
         with use_context(ctx, self.device):
             hidden = self.model(ids, pos)
-        self.packs_ragged, self.last_rows = ctx.packed, sum(num_new) if ctx.packed else B * T
+        self.last_rows = sum(num_new) if ctx.packed else B * T
         real = None  # [B, T] bool: the rows that are not padding, where some are
         if min(num_new) < T:
             real = torch.zeros(B, T, dtype=torch.bool)

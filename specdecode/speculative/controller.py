@@ -171,7 +171,8 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     The batch is priced as if every sequence verified k + 1 tokens: exact where rows are padded to
     the longest draft (every sequence pays for it whatever its own draft), an upper bound where a
     ragged batch runs packed (the fused CPU layers), since a drafter that finds fewer tokens then
-    leaves its rows out. alphas[b] has sequence b's per-position estimates; a list shorter than
+    leaves its rows out (a length per sequence for packed batches was measured and did not pay:
+    docs/benchmarks.md). alphas[b] has sequence b's per-position estimates; a list shorter than
     k (less room left) caps that sequence's draft at its length. depth(k): the positions a draft of
     k tokens reaches and the drafting units it costs (a chain: k; a tree: at most its depth, its
     other nodes are siblings). draft_cost: one batched drafting unit; verify_cost(t): the batch's
@@ -190,58 +191,6 @@ def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, veri
                               k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> int:
     """The draft length of best_batch_draft_length."""
     return best_batch_draft_length(alphas, draft_cost, verify_cost, k_max, k_min, depth)[1]
-
-
-def choose_ragged_draft_lengths(alphas: list[list[float]], draft_cost: float, rows_cost: Callable[[int], float],
-                                caps: list[int], k_min: int = 0,
-                                depth: Callable[[int], int] = lambda k: k) -> list[int]:
-    """Per-sequence draft lengths for a batch whose verify runs packed, where sequence b pays for its
-    own 1 + k_b rows only: argmax over (k_1..k_B) of sum_b E_b(depth(k_b)) / C, C = depth(max_b k_b)
-    * draft_cost + v(sum_b (1 + k_b)), each k_b in {0} ∪ [max(k_min, 1), caps[b]]. All k_b = 0 (plain
-    decoding, B / v(B)) is a candidate, so drafting is chosen only where it pays. Searched greedily:
-    from no drafts, each round lengthens the one sequence whose longer draft gives the best rate, while
-    some longer draft still gains; the best rate seen wins. A sequence never drafts past the position
-    its estimates reach (no modelled gain there). alphas, depth, draft_cost: as in
-    best_batch_draft_length; rows_cost(n): the batch's verify forward over n rows."""
-    gains = [_gains(a) for a in alphas]
-    first = max(k_min, 1)
-    tops = []  # per sequence: the longest useful length (its estimates' last position, within its cap)
-    for a, cap in zip(alphas, caps):
-        k = 0
-        while k < cap and (k == 0 or depth(k) < len(a)):
-            k += 1
-        tops.append(k if a else 0)
-    costs: dict[int, float] = {}
-
-    def cost(rows: int, longest: int) -> float:
-        if rows not in costs:
-            costs[rows] = rows_cost(rows)
-        return (depth(longest) if longest else 0) * draft_cost + costs[rows]
-
-    def value(b: int, k: int) -> float:
-        g = gains[b]
-        return g[min(depth(k), len(g) - 1)] if k else 1.0
-
-    ks = [0] * len(alphas)
-    got, rows, longest = float(len(ks)), len(ks), 0
-    best, best_ks = got / cost(rows, 0), list(ks)
-    while True:
-        step = None  # (rate, b, new length, value gained)
-        for b, k in enumerate(ks):
-            nk = first if k == 0 else k + 1
-            if nk > tops[b]:
-                continue
-            dv = value(b, nk) - value(b, k)
-            r = (got + dv) / cost(rows + nk - k, max(longest, nk))
-            if dv > 0 and (step is None or r > step[0]):
-                step = (r, b, nk, dv)
-        if step is None:
-            return best_ks
-        r, b, nk, dv = step
-        got, rows, longest = got + dv, rows + nk - ks[b], max(longest, nk)
-        ks[b] = nk
-        if r > best:
-            best, best_ks = r, list(ks)
 
 
 def _gains(a: list[float]) -> list[float]:
