@@ -347,3 +347,38 @@ PY
 for v in noepi_vnni intepi_vnni; do
   python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_$v.c --threads $T --stream --int4-only --rows 1,5,9 --no-check
 done
+
+# Round 21 (the same Intel host as round 20, no AMX exposed): the kernels' group-major activations against the file
+# before them (bit-identical outputs are checked first), variants tried on top (timing-only where marked), the runtime
+# curve on both bodies, llama.cpp side by side (AVX512), the draft/target step ratio, the server's scaling.
+git show 00bbefd:specdecode/kernels/quant_gemm.c > /tmp/qg_before.c
+python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --threads 1 --int4-only --rows 1,5,9
+python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --threads 1 --rows 1,2,3,5,9,10,16
+python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --stream --rows 1,5,9
+python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --threads 1 --flags=-mno-avx512f --rows 1,2,3,5,8,9
+python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --threads 1 --flags="-mno-avx512f -mno-avxvnni" \
+  --rows 1,3,5,8,9
+F=specdecode/kernels/quant_gemm.c
+for d in 4096 16384; do sed "s/#define PF_DIST 8192/#define PF_DIST $d/" $F > /tmp/qg_pf$d.c; done
+sed "s/_MM_HINT_T0/_MM_HINT_T1/g" $F > /tmp/qg_t1.c; sed "s/_MM_HINT_T0/_MM_HINT_NTA/g" $F > /tmp/qg_nta.c
+sed 's/#pragma omp for schedule(static)/#pragma omp for schedule(static, 1)/' $F > /tmp/qg_s1.c
+python -c "import re; open('/tmp/qg_nopf.c', 'w').write(re.sub(r'_mm_prefetch\([^;]*;', ';', open('$F').read()))"
+for v in pf16384 pf4096 t1 nta nopf; do python scripts/ab_kernels.py $F /tmp/qg_$v.c --stream --rows 1,5,9; done
+python scripts/ab_kernels.py $F /tmp/qg_s1.c --stream --int4-only --rows 1,5,9
+python scripts/ab_kernels.py $F $F --stream --threads 1 --int4-only --rows 1,3,5,9
+python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r21_runtime.jsonl
+SPECDECODE_NATIVE_FLAGS="-mno-avx512f -mno-avxvnni" python scripts/bench_runtime.py --quant auto --threads $T --reps 3 \
+  --decode-tokens 64 --json-out out/r21_runtime.jsonl
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
+  --theirs plain,ngram-mod --rounds 2 --json-out out/r21_vs_llamacpp.json
+python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --threads $T --rounds 5
+python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --threads $T --rounds 5 \
+  --draft-vocab full
+for run in a b; do  # runs 3 and 4 of the round's table (runs 1 and 2 ran on b4ab762 and 94a153a)
+  specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+    --json-out out/r21_serve_$run.json
+done
+# per-sequence draft lengths against the shared one (the chooser exists only at 331504f; dropped after it)
+# git checkout 331504f && python scripts/ab_ragged_draft_lengths.py 4
+specdecode bench -t $T --spec-types auto --limit 2 --max-tokens 128 --json-out out/r21_greedy.json
+python scripts/spec_bench_categories.py out/r21_greedy.json
