@@ -358,7 +358,8 @@ python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --
 python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --threads 1 --flags=-mno-avx512f --rows 1,2,3,5,8,9
 python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --threads 1 --flags="-mno-avx512f -mno-avxvnni" \
   --rows 1,3,5,8,9
-F=specdecode/kernels/quant_gemm.c
+git show b4ab762:specdecode/kernels/quant_gemm.c > /tmp/qg_b4.c  # the variants below are of this file
+F=/tmp/qg_b4.c
 for d in 4096 16384; do sed "s/#define PF_DIST 8192/#define PF_DIST $d/" $F > /tmp/qg_pf$d.c; done
 sed "s/_MM_HINT_T0/_MM_HINT_T1/g" $F > /tmp/qg_t1.c; sed "s/_MM_HINT_T0/_MM_HINT_NTA/g" $F > /tmp/qg_nta.c
 sed 's/#pragma omp for schedule(static)/#pragma omp for schedule(static, 1)/' $F > /tmp/qg_s1.c
@@ -382,3 +383,7 @@ done
 # git checkout 331504f && python scripts/ab_ragged_draft_lengths.py 4
 specdecode bench -t $T --spec-types auto --limit 2 --max-tokens 128 --json-out out/r21_greedy.json
 python scripts/spec_bench_categories.py out/r21_greedy.json
+# two prefetch levels (T2 16 KB ahead, then T0 4 KB ahead) against b4ab762's single 8 KB level, on every body
+for flags in "" -mno-avx512f "-mno-avx512f -mno-avxvnni"; do
+  python scripts/ab_kernels.py /tmp/qg_b4.c specdecode/kernels/quant_gemm.c --stream --rows 1,5,9 --flags="$flags"
+done

@@ -55,11 +55,17 @@ static inline int super_groups(int G) {
     while (G % S) S--;
     return S;
 }
-/* Software prefetch distance in bytes of packed weights: a thread streams its tiles in order, and
- * prefetching 8 KB ahead lets one row's GEMV stream its weights ~15 % faster than the hardware
- * prefetcher alone does (measured on Zen 4; 4-16 KB measured alike). */
-#ifndef PF_DIST
-#define PF_DIST 8192
+/* Software prefetch of the packed weights, in two levels: a thread streams its tiles in order, and
+ * each group's lines are requested PF_FAR bytes ahead into L2 (the T2 hint; L2 on Intel, the nearest
+ * level on cores that do not distinguish) and again PF_NEAR bytes ahead into L1. Without software
+ * prefetch one row's GEMV streams its weights ~15-20 % slower (Zen 4, Intel Xeon); adding the far
+ * level to a single L1 level made one row stream ~7 % faster on an Intel Xeon (docs/benchmarks.md,
+ * round 21). */
+#ifndef PF_FAR
+#define PF_FAR 16384
+#endif
+#ifndef PF_NEAR
+#define PF_NEAR 4096
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -128,7 +134,8 @@ static inline __attribute__((always_inline)) void tile_rows(
         }
         const uint8_t *wg = w + tg * (size_t)(C * 64);
         const int8_t *xg = xq + ((size_t)g * R + r0) * gs;
-        for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
+        for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_FAR + (size_t)j * 64), _MM_HINT_T2);
+        for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_NEAR + (size_t)j * 64), _MM_HINT_T0);
         __m512i dot[MAX_ROWS];
         for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
         for (int j = 0; j < C; j++) {
@@ -158,7 +165,8 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
     for (int i = 0; i < RB; i++) acc[i] = _mm512_setzero_ps();
     const uint8_t *wt = w + (size_t)t * TILE * K;
     for (int g = 0; g < G; g++) {
-        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_DIST + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
+        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_FAR + ((size_t)g * 8 + j) * 64), _MM_HINT_T2);
+        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_NEAR + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
         const int8_t *xg = xq + ((size_t)g * R + r0) * 32;
         __m512i dot[MAX_ROWS];
         for (int i = 0; i < RB; i++) dot[i] = _mm512_setzero_si512();
@@ -295,7 +303,8 @@ static inline __attribute__((always_inline)) void tile_rows(
             }
             const uint8_t *wg = w + tg * (size_t)(C * 64);
             if (h0 == 0)
-                for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_DIST + (size_t)j * 64), _MM_HINT_T0);
+                for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_FAR + (size_t)j * 64), _MM_HINT_T2);
+                for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_NEAR + (size_t)j * 64), _MM_HINT_T0);
             __m256i dot[MAX_ROWS][2];
             group_dots(wg, xq + ((size_t)g * R + r0) * gs, gs, RB, h0, NH, dot);
             for (int hh = 0; hh < NH; hh++) {
@@ -329,7 +338,8 @@ static inline __attribute__((always_inline)) void tile_rows_i8(
     for (int i = 0; i < RB; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const uint8_t *wt = w + (size_t)t * TILE * K;
     for (int g = 0; g < G; g++) {
-        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_DIST + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
+        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_FAR + ((size_t)g * 8 + j) * 64), _MM_HINT_T2);
+        for (int j = 0; j < 8; j++) _mm_prefetch((const char *)(wt + PF_NEAR + ((size_t)g * 8 + j) * 64), _MM_HINT_T0);
         const int8_t *xg = xq + ((size_t)g * R + r0) * 32;
         __m256i dot[MAX_ROWS][2];
         for (int i = 0; i < RB; i++) dot[i][0] = dot[i][1] = _mm256_setzero_si256();
