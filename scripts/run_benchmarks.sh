@@ -387,3 +387,9 @@ python scripts/spec_bench_categories.py out/r21_greedy.json
 for flags in "" -mno-avx512f "-mno-avx512f -mno-avxvnni"; do
   python scripts/ab_kernels.py /tmp/qg_b4.c specdecode/kernels/quant_gemm.c --stream --rows 1,5,9 --flags="$flags"
 done
+(rm -rf /tmp/llama.cpp-avx2 && cp -r /tmp/llama.cpp-peer/src /tmp/llama.cpp-avx2 && rm -rf /tmp/llama.cpp-avx2/build &&
+  cd /tmp/llama.cpp-avx2 && cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_AVX512=OFF -DGGML_AVX_VNNI=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
+  cmake --build build -j2 --target llama-server)
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r21_vs_llamacpp_avx2.json
