@@ -23,8 +23,8 @@ class SdLayer(ctypes.Structure):
 
 
 class SdBatch(ctypes.Structure):
-    _fields_ = [("B", _i), ("T", _i), ("N", _i), ("pos", _p), ("slots", _p), ("starts", _p), ("num_new", _p), ("nkeys", _p),
-                ("mask", _p), ("Lm", _i), ("cos", _p), ("sin", _p), ("bf16", _i), ("Lmax", _i), ("scale", _f)]
+    _fields_ = [("B", _i), ("T", _i), ("N", _i), ("pos", _p), ("slots", _p), ("starts", _p), ("num_new", _p),
+                ("nkeys", _p), ("mask", _p), ("Lm", _i), ("cos", _p), ("sin", _p), ("bf16", _i), ("Lmax", _i), ("scale", _f)]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
