@@ -80,6 +80,37 @@ def test_same_bits_however_batched():
     assert torch.equal(nodes[0, :, path], chain[0])
 
 
+@pytest.mark.parametrize("heads,kv_heads,dim", [(6, 6, 64), (4, 2, 72), (9, 3, 64), (12, 2, 128), (14, 2, 40)])
+def test_each_query_of_a_long_chunk_equals_its_decode(heads, kv_heads, dim):
+    """The kernel works on a task of several tokens x the query heads of one kv head, sharing each
+    block of keys and values between them and computing queries in pairs: every query still gets
+    the bits of a one-query call seeing the same keys, for odd and even heads per kv head, head dims
+    that are not a multiple of 32, chunks longer than a task and a visibility mask."""
+    g = torch.Generator().manual_seed(heads * dim)
+    B, T, L = 2, 40, 160
+    kc = torch.randn(3, kv_heads, L, dim, generator=g).to(torch.bfloat16)
+    vc = torch.randn(3, kv_heads, L, dim, generator=g).to(torch.bfloat16)
+    q = torch.randn(B, heads, T, dim, generator=g)
+    slots = torch.tensor([2, 0], dtype=torch.int32)
+    nkeys = (torch.tensor([[70], [101]]) + torch.arange(T)).to(torch.int32)
+    mask = (torch.rand(B, T, L, generator=g) > 0.3).to(torch.uint8)
+    mask[..., 0] = 1
+    nk = native_kernels()
+    for m in (None, mask):
+        out = nk.attention(q, kc, vc, slots, nkeys, m)
+        for b in range(B):
+            for t in (0, 1, 15, 16, 17, 31, 32, 39):
+                one = nk.attention(q[b:b + 1, :, t:t + 1].contiguous(), kc, vc, slots[b:b + 1],
+                                   nkeys[b:b + 1, t:t + 1].contiguous(),
+                                   None if m is None else m[b:b + 1, t:t + 1].contiguous())
+                assert torch.equal(one[0, :, 0], out[b, :, t]), (b, t, m is None)
+        ref = torch.nn.functional.scaled_dot_product_attention(  # and it is attention
+            q[:1, :, :1], kc[2:3, :, :70].float().repeat_interleave(heads // kv_heads, 1),
+            vc[2:3, :, :70].float().repeat_interleave(heads // kv_heads, 1),
+            attn_mask=None if m is None else m[:1, None, :1, :70].bool())
+        torch.testing.assert_close(out[:1, :, :1], ref, atol=1e-5, rtol=1e-5)
+
+
 def test_avx2_body_gives_the_same_bits():
     """Both bodies use the same 256-bit arithmetic: a laptop without AVX512 gets identical output."""
     try:

@@ -12,15 +12,18 @@
  *   s_j = scale * dot(q, k_j)     dot: one 8-lane FMA chain over D, then a fixed 8-lane sum
  *   m = max_j s_j;  p_j = exp(s_j - m) (exp8 below, a fixed polynomial);  z = sum_j p_j in j order
  *   o = (sum_j p_j v_j, 8-lane FMA in j order) / z
- * Keys are bfloat16 (widened exactly) or float32. The G query heads of a kv head share the work of
- * widening each block of keys and values, and nothing is vectorised across queries or keys in a way
- * that changes one query's order, so the AVX512 and AVX2 builds give the same bits too (both use
- * 256-bit vectors: Zen 4 executes 512-bit FMAs as two halves anyway).
+ * Keys are bfloat16 (widened exactly) or float32. A task's queries (up to QMAX: a run of tokens of
+ * one row times the G query heads of one kv head) share the work of widening each block of keys and
+ * values, and go through the dot products and the weighted sums in pairs, each vector of keys or
+ * values loaded once for both; nothing is vectorised across queries or keys in a way that changes
+ * one query's order, so the AVX512 and AVX2 builds give the same bits too (both use 256-bit
+ * vectors: Zen 4 executes 512-bit FMAs as two halves anyway).
  *
  * Visibility: query t of row b sees keys [0, nkeys[b, t]) of its slot, or, when mask is given, the
  * keys j < nkeys[b, t] with mask[b, t, j] != 0 (tree nodes: the prefix and their ancestors).
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -48,33 +51,52 @@ static void scores(const float *q, const char *k, size_t kstride, int n, int D, 
     }
 }
 
-/* Softmax weights of one query in place over s[0, n) (0 where vis says invisible; vis NULL: all of
- * [0, n) visible); returns their sum z. */
-static float softmax(float *s, int n, const uint8_t *vis) {
-    float m = -INFINITY;
-    for (int j = 0; j < n; j++)
-        if ((!vis || vis[j]) && s[j] > m) m = s[j];
-    const v8f mv = {m, m, m, m, m, m, m, m};
-    int j = 0;
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(s + j, (__m256)exp8(load8(s + j, 0) - mv));
-    if (j < n) { /* the tail through the same instructions, padded */
-        float t[8] = {0};
-        for (int i = j; i < n; i++) t[i - j] = s[i];
-        _mm256_storeu_ps(t, (__m256)exp8(load8(t, 0) - mv));
-        for (int i = j; i < n; i++) s[i] = t[i - j];
+/* Softmax weights, unnormalised, of the queries s[i * stride + j] (i < nq) that see the same keys
+ * j in [0, n) (0 where vis says invisible; vis NULL: all visible), in place; z[i] their sums. Each
+ * query's max is exact in any order, its weights go through exp8 lane by lane, and its sum runs
+ * over j in order; the queries' sums are interleaved so that their chains overlap. */
+static void softmax(float *s, size_t stride, int nq, int n, const uint8_t *vis, float *z) {
+    for (int i = 0; i < nq; i++) {
+        float *si = s + (size_t)i * stride;
+        __m256 mv = _mm256_set1_ps(-INFINITY);
+        int j = 0;
+        if (!vis)
+            for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(si + j));
+        float mm[8], m;
+        _mm256_storeu_ps(mm, mv);
+        m = mm[0];
+        for (int l = 1; l < 8; l++) m = mm[l] > m ? mm[l] : m;
+        for (; j < n; j++)
+            if ((!vis || vis[j]) && si[j] > m) m = si[j];
+        const v8f mb = {m, m, m, m, m, m, m, m};
+        for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(si + j, (__m256)exp8(load8(si + j, 0) - mb));
+        if (j < n) { /* the tail through the same instructions, padded */
+            float t[8] = {0};
+            for (int l = j; l < n; l++) t[l - j] = si[l];
+            _mm256_storeu_ps(t, (__m256)exp8(load8(t, 0) - mb));
+            for (int l = j; l < n; l++) si[l] = t[l - j];
+        }
+        if (vis)
+            for (j = 0; j < n; j++) si[j] = vis[j] ? si[j] : 0.f;
     }
-    if (vis)
-        for (j = 0; j < n; j++) s[j] = vis[j] ? s[j] : 0.f;
-    float z = 0.f;
-    for (j = 0; j < n; j++) z += s[j]; /* invisible keys add +0: z is unchanged by them */
-    return z;
+    for (int i0 = 0; i0 < nq; i0 += 8) { /* invisible keys add +0: a sum is unchanged by them */
+        const int m = nq - i0 < 8 ? nq - i0 : 8;
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        const float *s0 = s + (size_t)i0 * stride;
+        if (m == 8)
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < 8; i++) acc[i] += s0[(size_t)i * stride + j];
+        else
+            for (int j = 0; j < n; j++)
+                for (int i = 0; i < m; i++) acc[i] += s0[(size_t)i * stride + j];
+        for (int i = 0; i < m; i++) z[i0 + i] = acc[i];
+    }
 }
 
-/* acc[D] += p_j v_j over visible j in [0, n), in j order; v float32 rows of D. Eight vectors of
+/* acc[c] += p_j v_j[c] over visible j in [0, n), in j order, for c in [c0, D); v float32 rows of D. Eight vectors of
  * acc (64 floats) at a time, so that they stay in registers across the key loop; each element's
  * chain over j is the same whatever the chunking. */
-static void accumulate(const float *p, int n, const uint8_t *vis, const float *v, int D, float *acc) {
-    int c0 = 0;
+static void accumulate(const float *p, int n, const uint8_t *vis, const float *v, int D, float *acc, int c0) {
     for (; c0 + 64 <= D; c0 += 64) {
         v8f a[8];
         for (int i = 0; i < 8; i++) a[i] = load8(acc + c0 + 8 * i, 0);
@@ -105,69 +127,211 @@ static void widen(const char *src, size_t row, int n, int D, int bf16, float *ds
                              (__m256)load8(src + (size_t)j * row + (size_t)c * (bf16 ? 2 : 4), bf16));
 }
 
-#define KB 32 /* keys per block: a block's keys or values, widened (16 KB at D = 128), stay in L1 for all G queries */
+/* hsum8 of eight vectors at once: lane i of the result is hsum8(a[i]), bit for bit. The same
+ * additions in the same order (low half + high half, then lanes 0 + 2 and 1 + 3, then those two),
+ * done on four or two vectors' worth of lanes per instruction instead of one. */
+static inline v8f hsum8x8(const v8f a[8]) {
+    __m256 p[4];
+    for (int i = 0; i < 4; i++) /* [s(a_i), s(a_i+4)]: s = low half + high half */
+        p[i] = _mm256_add_ps(_mm256_permute2f128_ps((__m256)a[i], (__m256)a[i + 4], 0x20),
+                             _mm256_permute2f128_ps((__m256)a[i], (__m256)a[i + 4], 0x31));
+    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 w = _mm256_add_ps(_mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return (v8f)_mm256_add_ps(_mm256_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm256_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
+}
 
-/* The G query heads that share kv head c, at token t of row b: keys and values are widened once
- * per block and read by every one of them. q_g = q[g * qstride], o_g likewise. */
-static void group(const float *q, size_t qstride, const char *k, const char *v, size_t row, int n,
-                  const uint8_t *vis, int G, int D, int bf16, float scale, float *s, float *buf, float *acc,
-                  float *o) {
+/* scores() of two queries (q1 may be NULL) against the same float32 keys [0, n) (rows of D): each
+ * key's vector is loaded once for both, and each (query, key) pair keeps its own FMA chain over D,
+ * reduced by hsum8x8, so every score has the bits scores() gives it. */
+static void scores2(const float *q0, const float *q1, const float *k, int n, int D, float scale, float *s0,
+                    float *s1) {
+    int j = 0;
+    if (q1)
+        for (; j + 4 <= n; j += 4) {
+            v8f a[8] = {{0}}; /* a[i]: q0 . key j + i, a[4 + i]: q1 . key j + i */
+            const float *k0 = k + (size_t)j * D;
+            for (int d = 0; d < D; d += 8) {
+                const v8f x0 = load8(q0 + d, 0), x1 = load8(q1 + d, 0);
+                for (int i = 0; i < 4; i++) {
+                    const v8f kv = load8(k0 + (size_t)i * D + d, 0);
+                    a[i] = fma8(x0, kv, a[i]);
+                    a[4 + i] = fma8(x1, kv, a[4 + i]);
+                }
+            }
+            const v8f sc = {scale, scale, scale, scale, scale, scale, scale, scale};
+            const __m256 r = (__m256)(sc * hsum8x8(a));
+            _mm_storeu_ps(s0 + j, _mm256_castps256_ps128(r));
+            _mm_storeu_ps(s1 + j, _mm256_extractf128_ps(r, 1));
+        }
+    else
+        for (; j + 8 <= n; j += 8) {
+            v8f a[8] = {{0}};
+            const float *k0 = k + (size_t)j * D;
+            for (int d = 0; d < D; d += 8) {
+                const v8f x0 = load8(q0 + d, 0);
+                for (int i = 0; i < 8; i++) a[i] = fma8(x0, load8(k0 + (size_t)i * D + d, 0), a[i]);
+            }
+            const v8f sc = {scale, scale, scale, scale, scale, scale, scale, scale};
+            _mm256_storeu_ps(s0 + j, (__m256)(sc * hsum8x8(a)));
+        }
+    if (j < n) {
+        scores(q0, (const char *)(k + (size_t)j * D), (size_t)D * 4, n - j, D, 0, scale, s0 + j);
+        if (q1) scores(q1, (const char *)(k + (size_t)j * D), (size_t)D * 4, n - j, D, 0, scale, s1 + j);
+    }
+}
+
+/* accumulate() for two queries that see the same keys (p1, acc1 may be NULL): each value vector is
+ * loaded once for both; every element's chain over j is accumulate()'s. */
+static void accumulate2(const float *p0, const float *p1, int n, const uint8_t *vis, const float *v, int D,
+                        float *acc0, float *acc1) {
+    if (!p1) {
+        accumulate(p0, n, vis, v, D, acc0, 0);
+        return;
+    }
+    int c0 = 0;
+    for (; c0 + 32 <= D; c0 += 32) {
+        v8f a0[4], a1[4];
+        for (int i = 0; i < 4; i++) a0[i] = load8(acc0 + c0 + 8 * i, 0), a1[i] = load8(acc1 + c0 + 8 * i, 0);
+        for (int j = 0; j < n; j++) {
+            if (vis && !vis[j]) continue;
+            const v8f b0 = {p0[j], p0[j], p0[j], p0[j], p0[j], p0[j], p0[j], p0[j]};
+            const v8f b1 = {p1[j], p1[j], p1[j], p1[j], p1[j], p1[j], p1[j], p1[j]};
+            const float *vj = v + (size_t)j * D + c0;
+            for (int i = 0; i < 4; i++) {
+                const v8f x = load8(vj + 8 * i, 0);
+                a0[i] = fma8(b0, x, a0[i]);
+                a1[i] = fma8(b1, x, a1[i]);
+            }
+        }
+        for (int i = 0; i < 4; i++) {
+            _mm256_storeu_ps(acc0 + c0 + 8 * i, (__m256)a0[i]);
+            _mm256_storeu_ps(acc1 + c0 + 8 * i, (__m256)a1[i]);
+        }
+    }
+    if (c0 < D) { /* head dims that are not a multiple of 32 */
+        accumulate(p0, n, vis, v, D, acc0, c0);
+        accumulate(p1, n, vis, v, D, acc1, c0);
+    }
+}
+
+#define KB 32 /* keys per block: a block's keys or values, widened (16 KB at D = 128), stay in L1 for all queries */
+#define QMAX 96 /* queries per task (tokens x the G heads of a kv head): bounds the scratch at QMAX x keys */
+
+/* Tokens t0 .. t0 + nt - 1 of one row, kv head c: the nt x G queries share each widened block of keys
+ * and values (a verify's draft tokens and a prefill chunk's tokens read the same prefix of the slot).
+ * Query (t, g) is q[t * D + g * qstride] and sees keys [0, nkeys[t]) (vis[t]: mask row, or NULL);
+ * each query's scores, weights and sums are computed exactly as if it were alone. */
+static void task(const float *q, size_t qstride, const char *k, const char *v, size_t row, const int32_t *nkeys,
+                 const uint8_t *mask, int Lm, int nt, int G, int D, int bf16, float scale, float *s, int lmax,
+                 float *buf, float *acc, float *z, float *o) {
+    int n = 0;
+    for (int t = 0; t < nt; t++)
+        if (nkeys[t] > n) n = nkeys[t];
     for (int j0 = 0; j0 < n; j0 += KB) {
         const int nb = n - j0 < KB ? n - j0 : KB;
         widen(k + (size_t)j0 * row, row, nb, D, bf16, buf);
-        for (int g = 0; g < G; g++)
-            scores(q + g * qstride, (const char *)buf, (size_t)D * 4, nb, D, 0, scale, s + (size_t)g * n + j0);
+        for (int t = 0; t < nt; t++) {
+            const int m = nkeys[t] - j0 < nb ? nkeys[t] - j0 : nb;
+            for (int g = 0; m > 0 && g < G; g += 2) {
+                const float *q0 = q + (size_t)t * D + g * qstride;
+                float *s0 = s + (size_t)(t * G + g) * lmax + j0;
+                scores2(q0, g + 1 < G ? q0 + qstride : NULL, buf, m, D, scale, s0, s0 + lmax);
+            }
+        }
     }
-    float z[64]; /* G <= 64 */
-    for (int g = 0; g < G; g++) {
-        z[g] = softmax(s + (size_t)g * n, n, vis);
-        for (int c = 0; c < D; c++) acc[(size_t)g * D + c] = 0.f;
-    }
+    for (int t = 0; t < nt; t++)
+        softmax(s + (size_t)t * G * lmax, lmax, G, nkeys[t], mask ? mask + (size_t)t * Lm : NULL, z + t * G);
+    for (size_t c = 0; c < (size_t)nt * G * D; c++) acc[c] = 0.f;
     for (int j0 = 0; j0 < n; j0 += KB) {
         const int nb = n - j0 < KB ? n - j0 : KB;
         widen(v + (size_t)j0 * row, row, nb, D, bf16, buf);
-        for (int g = 0; g < G; g++)
-            accumulate(s + (size_t)g * n + j0, nb, vis ? vis + j0 : NULL, buf, D, acc + (size_t)g * D);
-    }
-    for (int g = 0; g < G; g++)
-        for (int c = 0; c < D; c += 8) {
-            const v8f r = load8(acc + (size_t)g * D + c, 0) / z[g];
-            _mm256_storeu_ps(o + g * qstride + c, (__m256)r);
+        for (int t = 0; t < nt; t++) {
+            const int m = nkeys[t] - j0 < nb ? nkeys[t] - j0 : nb;
+            const uint8_t *vis = mask ? mask + (size_t)t * Lm + j0 : NULL;
+            for (int g = 0; m > 0 && g < G; g += 2) {
+                const int i = t * G + g;
+                accumulate2(s + (size_t)i * lmax + j0, g + 1 < G ? s + (size_t)(i + 1) * lmax + j0 : NULL, m, vis,
+                            buf, D, acc + (size_t)i * D, g + 1 < G ? acc + (size_t)(i + 1) * D : NULL);
+            }
         }
+    }
+    for (int t = 0; t < nt; t++)
+        for (int g = 0; g < G; g++) {
+            const int i = t * G + g;
+            for (int c = 0; c < D; c += 8) {
+                const v8f r = load8(acc + (size_t)i * D + c, 0) / z[i];
+                _mm256_storeu_ps(o + (size_t)t * D + g * qstride + c, (__m256)r);
+            }
+        }
+}
+
+/* The calling thread's scratch of at least n floats, kept for its next call: a buffer allocated and
+ * freed per call costs page faults (and heap trims) in every layer of every step. Freed when the
+ * thread exits (an OpenMP pool released by threads.c). */
+typedef struct {
+    float *p;
+    size_t cap;
+} scratch_t;
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+static void scratch_free(void *s) {
+    free(((scratch_t *)s)->p);
+    free(s);
+}
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static float *scratch(size_t n) {
+    pthread_once(&scratch_once, scratch_init);
+    scratch_t *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        pthread_setspecific(scratch_key, s);
+    }
+    if (n > s->cap) {
+        free(s->p);
+        s->cap = n + n / 4;
+        if (!(s->p = malloc(sizeof(float) * s->cap))) s->cap = 0;
+    }
+    return s->p;
 }
 
 /* q, o: float32 [B, H, T, D]; kc, vc: one layer of the cache, [S, Hkv, Lmax, D] (bf16 or float32);
  * slots int32 [B]; nkeys int32 [B, T] (>= 1); mask uint8 [B, T, Lm] or NULL. D % 8 == 0, D <= 256,
- * H / Hkv <= 64. Returns 0, or -1 where a scratch buffer could not be allocated. */
+ * H / Hkv <= QMAX. Returns 0, or -1 where a scratch buffer could not be allocated. */
 int specdecode_attention(const float *q, const void *kc, const void *vc, int bf16, int B, int H, int Hkv,
                          int T, int D, int Lmax, const int32_t *slots, const int32_t *nkeys, const uint8_t *mask,
                          int Lm, float scale, float *o, int nthreads) {
     const int G = H / Hkv;
+    const int TQ = QMAX / G < 1 ? 1 : QMAX / G, chunks = (T + TQ - 1) / TQ;
     const size_t es = bf16 ? 2 : 4, row = (size_t)D * es, qstride = (size_t)T * D;
     int lmax = 1, failed = 0;
     for (int i = 0; i < B * T; i++)
         if (nkeys[i] > lmax) lmax = nkeys[i];
+    const int Q = (TQ < T ? TQ : T) * G;
 #pragma omp parallel num_threads(nthreads)
     {
-        /* per thread: scores [G, lmax], one widened block [KB, D], accumulators [G, D] */
-        float *s = malloc(sizeof(float) * ((size_t)G * lmax + (size_t)KB * D + (size_t)G * D));
+        /* per thread: scores [Q, lmax], one widened block [KB, D], accumulators [Q, D], sums [Q] */
+        float *s = scratch((size_t)Q * lmax + (size_t)KB * D + (size_t)Q * D + (size_t)Q);
         if (!s) {
 #pragma omp atomic write
             failed = 1;
         }
+        float *buf = s + (size_t)Q * lmax, *acc = buf + (size_t)KB * D, *z = acc + (size_t)Q * D;
 #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int c = 0; c < Hkv; c++)
-                for (int t = 0; t < T; t++) {
+                for (int ch = 0; ch < chunks; ch++) {
                     if (!s) continue;
+                    const int t0 = ch * TQ, nt = T - t0 < TQ ? T - t0 : TQ;
                     const size_t base = ((size_t)slots[b] * Hkv + (size_t)c) * (size_t)Lmax * row;
-                    const size_t qo = ((size_t)b * H + (size_t)c * G) * qstride + (size_t)t * D;
-                    group(q + qo, qstride, (const char *)kc + base, (const char *)vc + base, row, nkeys[b * T + t],
-                          mask ? mask + ((size_t)b * T + t) * Lm : NULL, G, D, bf16, scale, s,
-                          s + (size_t)G * lmax, s + (size_t)G * lmax + (size_t)KB * D, o + qo);
+                    const size_t qo = ((size_t)b * H + (size_t)c * G) * qstride + (size_t)t0 * D;
+                    task(q + qo, qstride, (const char *)kc + base, (const char *)vc + base, row,
+                         nkeys + (size_t)b * T + t0, mask ? mask + ((size_t)b * T + t0) * Lm : NULL, Lm, nt, G, D,
+                         bf16, scale, s, lmax, buf, acc, z, o + qo);
                 }
-        free(s);
     }
     return failed ? -1 : 0;
 }
-
