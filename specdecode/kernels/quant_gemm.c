@@ -518,17 +518,18 @@ static uint8_t *amx_buffer(size_t bytes) {
  * finds its rows' bytes and scales at fixed offsets from one base: xq int8 [K / gs, R, gs], sx / xsum
  * float [K / gs, R] (sx = max|x| / 127, xsum = the float sum of x); xqsum (may be NULL): the integer
  * sums of xq per group, as float, [K / gs, R]. */
+/* Called inside a parallel region: the team shares the groups (each is independent) and meets at
+ * the loop's barrier, so the tiles start on complete activations. */
 static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
     const int G = K / gs;
-    for (int r = 0; r < R; r++) {
-        for (int g = 0; g < G; g++) {
-            const size_t gr = (size_t)g * R + r;
-            float amax;
-            int32_t qsum;
-            quantize_group(x + (size_t)r * K + (size_t)g * gs, gs, xq + gr * gs, &amax, &xsum[gr], &qsum);
-            sx[gr] = amax / 127.f;
-            if (xqsum) xqsum[gr] = (float)qsum;
-        }
+#pragma omp for schedule(static)
+    for (int gr = 0; gr < G * R; gr++) {
+        const int g = gr / R, r = gr % R;
+        float amax;
+        int32_t qsum;
+        quantize_group(x + (size_t)r * K + (size_t)g * gs, gs, xq + (size_t)gr * gs, &amax, &xsum[gr], &qsum);
+        sx[gr] = amax / 127.f;
+        if (xqsum) xqsum[gr] = (float)qsum;
     }
 }
 
@@ -604,7 +605,6 @@ const char *specdecode_isa(void) { return SPECDECODE_ISA; }
  * Preconditions (checked by the caller): N % 16 == 0, K % gs == 0, gs % 8 == 0, R >= 1. */
 void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uint8_t *w, const uint8_t *sub,
                           const uint16_t *sup, float *y, int8_t *xq, float *sx, float *xsum, int threads) {
-    quantize_rows(x, R, K, gs, xq, sx, xsum, NULL);
     const int T = N / TILE;
 #ifdef SPECDECODE_AMX
     const int amx = R >= AMX_MIN_ROWS && gs == 32 && amx_granted();
@@ -612,6 +612,7 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
     /* Static schedule: each thread streams one contiguous range of tiles (prefetch-friendly). */
 #pragma omp parallel num_threads(threads)
     {
+        quantize_rows(x, R, K, gs, xq, sx, xsum, NULL);
         uint8_t *buf = NULL;
 #ifdef SPECDECODE_AMX
         if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin(amx_height(R));
@@ -628,14 +629,17 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
  * caller-owned. Preconditions (checked by the caller): N % 16 == 0, K % 32 == 0, R >= 1. */
 void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w, const float *ws, float *y,
                           int8_t *xq, float *sx, float *xsum, float *xqsum, float *corr, int threads) {
-    const int G = K / 32;
-    quantize_rows(x, R, K, 32, xq, sx, xsum, xqsum);
-    for (int r = 0; r < R; r++) { /* 128 sum_g sx xqsum: the +128 bias of the unsigned weights */
-        float c = 0.f;
-        for (int g = 0; g < G; g++) c += sx[(size_t)g * R + r] * xqsum[(size_t)g * R + r];
-        corr[r] = INT8_UNSIGNED_BIAS ? 128.f * c : 0.f;
+    const int G = K / 32, T = N / TILE;
+#pragma omp parallel num_threads(threads)
+    {
+        quantize_rows(x, R, K, 32, xq, sx, xsum, xqsum);
+#pragma omp for schedule(static)
+        for (int r = 0; r < R; r++) { /* 128 sum_g sx xqsum: the +128 bias of the unsigned weights */
+            float c = 0.f;
+            for (int g = 0; g < G; g++) c += sx[(size_t)g * R + r] * xqsum[(size_t)g * R + r];
+            corr[r] = INT8_UNSIGNED_BIAS ? 128.f * c : 0.f;
+        }
+#pragma omp for schedule(static)
+        for (int t = 0; t < T; t++) tile_i8(w, ws, K, t, xq, sx, corr, R, y, N);
     }
-    const int T = N / TILE;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int t = 0; t < T; t++) tile_i8(w, ws, K, t, xq, sx, corr, R, y, N);
 }
