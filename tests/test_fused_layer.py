@@ -49,17 +49,17 @@ def _script(runner):
 
 def _both_paths(model, cache_dtype):
     calls = []
-    real = llama_native._Batch.layer
+    real = llama_native._Batch.layers
 
-    def counting(self, i, x):
-        calls.append(i)
-        return real(self, i, x)
+    def counting(self, first, stop, x):
+        calls.extend(range(first, stop))
+        return real(self, first, stop, x)
 
-    llama_native._Batch.layer = counting
+    llama_native._Batch.layers = counting
     try:
         fused = _script(_runner(model, cache_dtype))
     finally:
-        llama_native._Batch.layer = real
+        llama_native._Batch.layers = real
     model._native.begin = lambda *a, **k: None  # the module path
     try:
         modules = _script(_runner(model, cache_dtype))
@@ -128,17 +128,17 @@ def test_a_ragged_batch_runs_its_layers_on_its_real_rows_only(monkeypatch):
         runner.forward([slot], [prompt], logits=False)
         kv.set_length(slot, len(prompt))
     rows = []
-    real = type(native_kernels()).decoder_layer
+    real = type(native_kernels()).decoder_layers
 
-    def recording(self, layer, batch, *args):
-        rows.append(batch.N)
-        return real(self, layer, batch, *args)
+    def recording(self, layers, kc, vc, first, stop, batch, *args):
+        rows.extend([batch.N] * (stop - first))
+        return real(self, layers, kc, vc, first, stop, batch, *args)
 
     tokens = [[5], [6, 7, 8, 9, 10], [11, 12]]
     with monkeypatch.context() as m:
-        m.setattr(type(native_kernels()), "decoder_layer", recording)
+        m.setattr(type(native_kernels()), "decoder_layers", recording)
         logits, hidden, captured = runner.forward([a, b, c], tokens, capture_layers=(0,))
-    assert rows == [8] * model.cfg.num_layers  # 1 + 5 + 2, not 3 x 5
+    assert rows == [8] * model.cfg.num_layers  # 1 + 5 + 2, not 3 x 5, in every layer
     assert runner.last_rows == 8  # what the controller's cost model observes
     for i, (slot, toks) in enumerate(zip((a, b, c), tokens)):
         alone, h_alone, cap_alone = runner.forward([slot], [toks], capture_layers=(0,))

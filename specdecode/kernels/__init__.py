@@ -148,18 +148,19 @@ class NativeKernels:
         return out
 
     def layer_scratch(self, layer, rows: int) -> torch.Tensor:
-        """Scratch for decoder_layer over ``rows`` activation rows (layer: a kernels.layer.SdLayer)."""
+        """Scratch for decoder_layers over ``rows`` activation rows (layer: a kernels.layer.SdLayer)."""
         n = self.lib.specdecode_layer_scratch(ctypes.addressof(layer), rows)
         return torch.empty((n + 63) // 4 + 16)
 
-    def decoder_layer(self, layer, batch, kc: torch.Tensor, vc: torch.Tensor, x: torch.Tensor,
-                      scratch: torch.Tensor) -> None:
-        """layer.c: x float32 contiguous [B T, hidden] becomes the layer's output in place; kc, vc this
-        layer's cache [S, Hkv, Lmax, D]. layer, batch: kernels.layer.SdLayer, SdBatch."""
-        ptr = scratch.data_ptr()
-        rc = self.lib.specdecode_decoder_layer(ctypes.addressof(layer), ctypes.addressof(batch), kc.data_ptr(),
-                                               vc.data_ptr(), x.data_ptr(), ptr + (-ptr) % 64,
-                                               torch.get_num_threads())
+    def decoder_layers(self, layers: ctypes.Array, kc: ctypes.Array, vc: ctypes.Array, first: int, stop: int,
+                       batch, x: torch.Tensor, scratch: torch.Tensor) -> None:
+        """decoder_layer for layers first .. stop - 1 in one call: layers, kc, vc are arrays of the
+        layers' SdLayer addresses and of their caches' addresses (one entry per layer)."""
+        ptr, w = scratch.data_ptr(), ctypes.sizeof(ctypes.c_void_p)
+        rc = self.lib.specdecode_decoder_layers(ctypes.addressof(layers) + first * w, ctypes.addressof(kc) + first * w,
+                                                ctypes.addressof(vc) + first * w, stop - first,
+                                                ctypes.addressof(batch), x.data_ptr(), ptr + (-ptr) % 64,
+                                                torch.get_num_threads())
         if rc != 0:
             raise MemoryError("native decoder layer: scratch allocation failed")
 
@@ -189,8 +190,8 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_silu_mul.restype = None
     lib.specdecode_layer_scratch.argtypes = [p, i]
     lib.specdecode_layer_scratch.restype = ctypes.c_size_t
-    lib.specdecode_decoder_layer.argtypes = [p, p, p, p, p, p, i]
-    lib.specdecode_decoder_layer.restype = i
+    lib.specdecode_decoder_layers.argtypes = [p, p, p, i, p, p, p, i]
+    lib.specdecode_decoder_layers.restype = i
     lib.specdecode_release_threads.restype = i
     lib.specdecode_isa.restype = ctypes.c_char_p
     return NativeKernels(lib, lib.specdecode_isa().decode())

@@ -199,3 +199,12 @@ int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, vo
     for (size_t i = 0; i < (size_t)R * hd; i++) x[i] = x[i] + y[i];
     return 0;
 }
+
+/* Layers [0, n) in order over the same batch and rows: layers[i] with its cache kc[i], vc[i]. A
+ * stretch of layers is one call from Python instead of one per layer. Returns 0, or -1 as above. */
+int specdecode_decoder_layers(const sd_layer *const *layers, void *const *kc, void *const *vc, int n,
+                              const sd_batch *bt, float *x, void *scratch, int threads) {
+    for (int i = 0; i < n; i++)
+        if (specdecode_decoder_layer(layers[i], bt, kc[i], vc[i], x, scratch, threads)) return -1;
+    return 0;
+}

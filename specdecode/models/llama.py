@@ -64,17 +64,21 @@ class LlamaModel(nn.Module):
         ctx = get_context()
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
-        fused = self._native.begin(ctx, x, cos, sin)  # one native call per layer where it applies
+        fused = self._native.begin(ctx, x, cos, sin)  # native calls for stretches of layers where it applies
         if fused is not None:
             x = fused.pack(x)  # a copy, updated in place layer by layer (ragged batches: packed rows)
+            n, first = len(self.layers), 0
+            for stop in sorted({i + 1 for i in ctx.capture_layers if 0 <= i < n} | {n}):  # a stretch ends at a capture
+                fused.layers(first, stop, x)
+                if stop - 1 in ctx.capture_layers:
+                    ctx.captured[stop - 1] = fused.unpack(x, copy=True)
+                first = stop
+            return self.norm(fused.unpack(x))
         for i, layer in enumerate(self.layers):
-            if fused is not None:
-                fused.layer(i, x)
-            else:
-                x = layer(x, cos, sin)
+            x = layer(x, cos, sin)
             if i in ctx.capture_layers:
-                ctx.captured[i] = fused.unpack(x, copy=True) if fused is not None else x
-        return self.norm(x if fused is None else fused.unpack(x))
+                ctx.captured[i] = x
+        return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] (already normed) -> logits [..., vocab] in float32."""

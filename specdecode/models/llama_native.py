@@ -1,10 +1,12 @@
-"""LlamaModel's decoder layers as one native call each (kernels/layer.c), for CPU inference.
+"""LlamaModel's decoder layers as native calls (kernels/layer.c: one per stretch of layers), for CPU inference.
 
 The fused path runs a forward only where it gives the same bits as the module path: the
 cpu-native attention backend over a KVCache, float32 activations, and every projection a native
 int4 or int8 layer (layers/quant). Anywhere else (another backend, float weights, training,
 another device) ``NativeForward.begin`` returns None and the modules run as usual."""
 from __future__ import annotations
+
+import ctypes
 
 import torch
 
@@ -53,6 +55,8 @@ class NativeForward:
         self.model = model
         self._ops: list[LayerOperands] | None = None
         self._key = None
+        self._structs = None  # ctypes array: the address of each layer's sd_layer
+        self._caches = (None, None, None)  # (key, kc, vc): each layer's cache addresses in one KV cache
 
     def _operands(self) -> list[LayerOperands] | None:
         layers = self.model.layers
@@ -67,7 +71,19 @@ class NativeForward:
             ops = [_layer(layer, cfg) for layer in layers]
             self._ops = None if any(o is None for o in ops) else ops
             self._key = key
+            if self._ops is not None:
+                self._structs = (ctypes.c_void_p * len(ops))(*[ctypes.addressof(o.struct) for o in ops])
         return self._ops
+
+    def _cache_addresses(self, kv) -> tuple[ctypes.Array, ctypes.Array]:
+        """Arrays of layer i's key and value cache addresses (kv.k[i], kv.v[i]), built once per cache."""
+        key = (kv.k.data_ptr(), kv.v.data_ptr(), kv.k.shape)
+        if self._caches[0] != key:
+            n = kv.k.shape[0]
+            arrays = [(ctypes.c_void_p * n)(*[t.data_ptr() + i * t.stride(0) * t.element_size() for i in range(n)])
+                      for t in (kv.k, kv.v)]
+            self._caches = (key, *arrays)
+        return self._caches[1], self._caches[2]
 
     def begin(self, ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> "_Batch | None":
         """The fused path for this forward (x [B, T, hidden], cos / sin [B, 1, T, D]), or None."""
@@ -81,7 +97,7 @@ class NativeForward:
         if ops is None:
             return None
         ctx.packed = True
-        return _Batch(ops, ctx, x, cos, sin)
+        return _Batch(ops, self._structs, self._cache_addresses(ctx.kv), ctx, x, cos, sin)
 
 
 class _Batch:
@@ -92,7 +108,8 @@ class _Batch:
     num_new, so that padding costs nothing in the matrices. Every row's result is the same either way
     (the native kernels are row-invariant)."""
 
-    def __init__(self, ops: list[LayerOperands], ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def __init__(self, ops: list[LayerOperands], structs: ctypes.Array, caches: tuple[ctypes.Array, ctypes.Array],
+                 ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         nk = native_kernels()
         kv = ctx.kv
         B, T, _ = x.shape
@@ -113,10 +130,9 @@ class _Batch:
                              None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1],
                              self.cos.data_ptr(), self.sin.data_ptr(), int(kv.k.dtype == torch.bfloat16), kv.k.shape[3],
                              D ** -0.5)
-        self.ops = ops
+        self.ops, self.structs, self.caches = ops, structs, caches
         self.scratch = nk.layer_scratch(ops[0].struct, B * T)
         self.nk = nk
-        self.kv = kv
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """x [B, T, hidden] -> a new contiguous tensor of the rows the layers run on: [N, hidden]
@@ -134,6 +150,7 @@ class _Batch:
         out.view(-1, x.shape[-1])[self.pos.long()] = x
         return out
 
-    def layer(self, i: int, x: torch.Tensor) -> None:
-        """x float32 contiguous (from pack), owned by the caller, becomes decoder layer i's output."""
-        self.nk.decoder_layer(self.ops[i].struct, self.batch, self.kv.k[i], self.kv.v[i], x, self.scratch)
+    def layers(self, first: int, stop: int, x: torch.Tensor) -> None:
+        """x float32 contiguous (from pack), owned by the caller, becomes the output of decoder layers
+        first .. stop - 1, run in one native call."""
+        self.nk.decoder_layers(self.structs, *self.caches, first, stop, self.batch, x, self.scratch)
