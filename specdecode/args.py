@@ -37,6 +37,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="total KV-cache budget in tokens, shared by the slots (caps the context per slot)")
     p.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false",
                    default=_ENG["enable_prefix_caching"], help="always prefill whole prompts")
+    p.add_argument("--cache-ram", dest="prompt_cache_mib", type=int, default=_ENG["prompt_cache_mib"], metavar="MIB",
+                   help="MiB of host memory for the KV of cached prompts whose KV slot another request took "
+                        "(0: keep a prompt only while its slot is free)")
     p.add_argument("--prefill-chunk", type=int, default=_ENG["prefill_chunk"],
                    help="prompt tokens per forward (bounds a long prompt's stall of running decodes)")
 

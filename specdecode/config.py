@@ -91,6 +91,9 @@ class EngineConfig:
     max_num_seqs: int = 4
     kv_cache_tokens: int | None = None  # total KV budget in tokens; None = max_num_seqs * max_model_len
     enable_prefix_caching: bool = True  # a new prompt reuses the KV of a finished one sharing its prefix
+    # host memory (MiB) for the KV of cached prompts whose slot was taken by another request
+    # (engine/prompt_store.py; llama.cpp's --cache-ram); 0 = keep a prompt only while its slot is free
+    prompt_cache_mib: int = 2048
     prefill_chunk: int = 512  # prompt tokens per forward: bounds a long prompt's stall of running decodes
     # KV-cache element type: auto = bfloat16 for a quantized model on CPU (half the memory of float32,
     # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.

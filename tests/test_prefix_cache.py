@@ -6,6 +6,7 @@ import torch
 from specdecode import SamplingParams
 from specdecode.runtime.kv_cache import KVCache
 from specdecode.engine.prefix_cache import PrefixCache, common_prefix_len
+from specdecode.engine.prompt_store import PromptStore
 from tiny_models import tiny_llm
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -144,13 +145,94 @@ def test_calibration_slot_is_not_reused():
 def test_slot_order_and_bookkeeping():
     kv = KVCache(1, 3, 32, 1, 4, torch.float32)
     pc = PrefixCache(kv)
-    slot, reused = pc.allocate([1, 2, 3])
-    assert (slot, reused) == (0, 0) and kv.free_slots == 2
+    slot, reused, kept = pc.allocate([1, 2, 3])
+    assert (slot, reused, kept) == (0, 0, 0) and kv.free_slots == 2
     kv.set_length(slot, 5)
     pc.release(slot, [1, 2, 3, 4])  # committed entries beyond the tokens are not trusted
     kv.free(slot)
     assert pc.cached[0] == [1, 2, 3, 4]
-    assert pc.allocate([9]) == (1, 0)  # a miss takes a never-used slot before a cached one
-    assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4) and kv.lengths[0] == 4
-    assert pc.allocate([1, 2]) == (2, 0)
+    assert pc.allocate([9]) == (1, 0, 0)  # a miss takes a never-used slot before a cached one
+    assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4, 4) and kv.lengths[0] == 4
+    assert pc.allocate([1, 2]) == (2, 0, 0)
     assert common_prefix_len([1, 2, 3], [1, 2]) == 2 and common_prefix_len([], [1]) == 0
+
+
+# -- the host prompt store (--cache-ram) ---------------------------------------------------------------
+def _kv(n, fill):
+    return torch.full((2, 1, n, 4), float(fill)), torch.full((2, 1, n, 4), -float(fill))
+
+
+def test_prompt_store_keeps_the_longest_and_evicts_the_oldest():
+    per_token = 2 * 2 * 1 * 4 * 4  # k and v, 2 layers, 1 head, 4 dims, float32
+    store = PromptStore(budget_bytes=10 * per_token)
+    store.add([1, 2, 3], *_kv(3, 1))
+    store.add([1, 2], *_kv(2, 9))  # held whole by [1, 2, 3]: not kept
+    assert len(store) == 1 and store.match([1, 2, 7]) == (0, 2)
+    store.add([1, 2, 3, 4], *_kv(4, 2))  # holds [1, 2, 3] whole: replaces it
+    assert len(store) == 1 and store.bytes == 4 * per_token
+    key, n = store.match([1, 2, 3, 4, 5])
+    k, v = store.take(key, n)
+    assert n == 4 and k.shape == (2, 1, 4, 4) and float(k[0, 0, 0, 0]) == 2 and store.hit_tokens == 4
+    store.add([5, 6, 7, 8], *_kv(4, 3))
+    store.add([6, 6, 6], *_kv(3, 4))  # 11 tokens' worth: the least recently used entry goes
+    assert store.match([1, 2, 3, 4]) == (-1, 0) and store.match([5, 6, 7])[1] == 3
+    assert store.bytes == 7 * per_token
+    store.add(list(range(11)), *_kv(11, 5))  # larger than the whole budget: not kept
+    assert store.bytes == 7 * per_token
+
+
+def test_prefix_cache_spills_a_slot_to_the_store_before_overwriting_it():
+    kv = KVCache(2, 1, 32, 1, 4, torch.float32)
+    pc = PrefixCache(kv, PromptStore(2**20))
+    slot, _, _ = pc.allocate([1, 2, 3, 4])
+    kv.write(0, *[torch.arange(16.).reshape(1, 1, 4, 4)] * 2, [slot], [0], [4], 4)
+    kv.write(1, *[torch.arange(16.).reshape(1, 1, 4, 4) + 100] * 2, [slot], [0], [4], 4)
+    kv.set_length(slot, 4)
+    saved = kv.k[:, slot, :, :4].clone()
+    pc.release(slot, [1, 2, 3, 4])
+    kv.free(slot)
+    assert pc.allocate([1, 2, 9]) == (0, 2, 2)  # the slot serves 2 tokens and is then overwritten...
+    assert pc.store.match([1, 2, 3, 4, 5])[1] == 4  # ...so its 4 tokens went to the store first
+    kv.k[:, slot] = 0
+    kv.set_length(slot, 3)
+    pc.release(slot, [1, 2, 9])
+    kv.free(slot)
+    # the slot holds 2 of [1, 2, 3, 4, 5], the store 4: the store's entries come back, in place
+    assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4, 0)
+    assert torch.equal(kv.k[:, slot, :, :4], saved) and kv.lengths[slot] == 4
+    assert pc.hit_tokens == 2 + 4 and pc.store.hit_tokens == 4
+
+
+@pytest.mark.parametrize("spec_type,kw", [
+    ("none", {}),
+    ("draft", dict(draft_seed=0, draft_noise=0.5, draft_p_min=0.0, draft_fixed=True, draft_max=4)),
+    ("ngram", {}),
+])
+def test_more_conversations_than_slots_come_back_from_the_store(spec_type, kw):
+    """Three chats on two slots: a chat's second turn finds its slot taken by another chat, and the
+    store gives back its first turn's prompt and answer; outputs equal those without any cache."""
+    llm = tiny_llm(spec_type, max_num_seqs=2, **kw)
+    fed = count_prefill(llm)
+    ref = no_cache(spec_type, **kw)
+    firsts = [SYSTEM[i * 40:i * 40 + 40] + [200 + i] for i in range(3)]
+    answers = [llm.generate(p, GREEDY)[0].token_ids for p in firsts]
+    seconds = [p + a + [31, 32] for p, a in zip(firsts, answers)]
+    fed.clear()
+    out = llm.generate(seconds[0], GREEDY)[0].token_ids  # chat 0's slot now holds chat 2's first turn
+    # the store held chat 0's prompt and all but the last answer token (never fed to the target): that
+    # token and the question's first are prefilled, its last is the first draft root
+    assert llm.engine.prefix_cache.store.hit_tokens == len(firsts[0]) + len(answers[0]) - 1
+    assert sum(fed) == 2
+    assert out == ref.generate(seconds[0], GREEDY)[0].token_ids
+    for p, a in zip(firsts, answers):
+        assert a == ref.generate(p, GREEDY)[0].token_ids
+
+
+def test_cache_ram_zero_keeps_prompts_only_in_their_slots():
+    llm = tiny_llm("none", max_num_seqs=1, prompt_cache_mib=0)
+    a, b = SYSTEM[:50] + [1], SYSTEM[50:100] + [2]
+    llm.generate(a, GREEDY)
+    llm.generate(b, GREEDY)
+    fed = count_prefill(llm)
+    llm.generate(a, GREEDY)
+    assert llm.engine.prefix_cache.store is None and sum(fed) == len(a) - 1

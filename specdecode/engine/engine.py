@@ -30,6 +30,7 @@ from ..speculative.controller import AcceptanceEstimate, CostModel, best_rate, c
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache
+from .prompt_store import PromptStore
 from .sequence import Sequence
 from .spec_step import speculative_step
 
@@ -100,7 +101,10 @@ class Engine:
         self.kv = KVCache(mc.num_layers, cfg.max_num_seqs, slot_len, mc.num_kv_heads, mc.head_dim,
                           kv_dtype(cfg.kv_cache_dtype, model.quant, self.device, self.dtype), self.device)
         self.runner = ModelRunner(model, self.kv, backend)
-        self.prefix_cache = PrefixCache(self.kv) if cfg.enable_prefix_caching else None
+        if cfg.prompt_cache_mib < 0:
+            raise InvalidRequestError(f"--cache-ram must be >= 0 MiB (0 turns the prompt store off), not {cfg.prompt_cache_mib}")
+        store = PromptStore(cfg.prompt_cache_mib * 2**20) if cfg.prompt_cache_mib else None
+        self.prefix_cache = PrefixCache(self.kv, store) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
         self.costs = CostModel()
         self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
@@ -147,8 +151,7 @@ class Engine:
         while self.waiting and self.kv.free_slots:
             seq = self.waiting.popleft()
             if self.prefix_cache is not None:
-                seq.slot, seq.num_prefilled = self.prefix_cache.allocate(seq.prompt_ids)
-                seq.num_cached = seq.num_prefilled
+                seq.slot, seq.num_prefilled, seq.num_cached = self.prefix_cache.allocate(seq.prompt_ids)
             else:
                 seq.slot = self.kv.allocate()
             self.running.append(seq)

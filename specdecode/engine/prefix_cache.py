@@ -2,7 +2,8 @@
 
 A freed slot still holds the KV of the tokens it last committed (freeing only resets the length), so
 a new request whose prompt starts with those tokens (same system prompt, the next turn of a chat) can
-take that slot and skip prefilling the common prefix. Positions match, so the reused entries are
+take that slot and skip prefilling the common prefix. When such a slot is about to be overwritten, its
+tokens and KV move to the host prompt store (prompt_store.py) first, if the engine has one. Positions match, so the reused entries are
 exactly what a fresh prefill would compute: greedy output does not change.
 
 Bookkeeping is one token list per slot, recorded when the slot is released. Whoever else allocates
@@ -13,44 +14,62 @@ from __future__ import annotations
 import itertools
 
 from ..runtime.kv_cache import KVCache
+from .prompt_store import PromptStore, common_prefix_len
 
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+__all__ = ["PrefixCache", "common_prefix_len"]
 
 
 class PrefixCache:
-    def __init__(self, kv: KVCache):
-        self.kv = kv
+    def __init__(self, kv: KVCache, store: PromptStore | None = None):
+        """store: where a free slot's cached tokens go before the slot is overwritten (None: lost)."""
+        self.kv, self.store = kv, store
         self.cached: dict[int, list[int]] = {}  # slot -> tokens whose KV the (free) slot holds
         self._released_at: dict[int, int] = {}  # slot -> release order, for least-recently-used eviction
         self._clock = itertools.count()
         self.queries = 0  # admissions that looked up the cache
         self.hits = 0  # admissions that reused at least one token
         self.prompt_tokens = 0  # prompt tokens looked up
-        self.hit_tokens = 0  # prompt tokens whose prefill was skipped
+        self.hit_tokens = 0  # prompt tokens whose prefill was skipped (from a slot or the store)
 
-    def allocate(self, prompt_ids: list[int]) -> tuple[int, int]:
-        """Takes the free slot sharing the longest prefix with the prompt (ties and misses: the least
-        recently used one) and returns (slot, reused). The slot's committed length is set to
-        ``reused``; at least the last prompt token is left out, as it is the first draft root."""
+    def allocate(self, prompt_ids: list[int]) -> tuple[int, int, int]:
+        """Takes a free slot for the prompt and returns (slot, reused, kept): the slot's committed
+        length is set to ``reused``, the prompt tokens whose KV it now holds; ``kept`` of them it held
+        from its previous request (what a drafter's state kept with the slot may resume; 0 when they
+        came from the store). The slot is the free one sharing the longest prefix with the prompt
+        (ties and misses: the least recently used), unless the store holds a longer one: then the
+        least useful free slot takes the store's entries. At least the last prompt token is left out,
+        as it is the first draft root."""
         free = self.kv.free_slot_ids()[::-1]  # in the order plain allocation hands them out (ties go first)
         if not free:
-            return self.kv.allocate(), 0  # raises the KV cache's own "no free slot" error
-        matches = {s: common_prefix_len(self.cached.get(s, []), prompt_ids) for s in free}
-        slot = self.kv.allocate(max(free, key=lambda s: (matches[s], -self._released_at.get(s, -1))))
-        reused = min(matches[slot], len(prompt_ids) - 1)
+            return self.kv.allocate(), 0, 0  # raises the KV cache's own "no free slot" error
+        limit = len(prompt_ids) - 1
+        matches = {s: min(common_prefix_len(self.cached.get(s, []), prompt_ids), limit) for s in free}
+        slot = max(free, key=lambda s: (matches[s], -self._released_at.get(s, -1)))
+        entry, from_store = self.store.match(prompt_ids) if self.store is not None else (-1, 0)
+        if min(from_store, limit) > matches[slot]:
+            slot = min(free, key=lambda s: (matches[s], self._released_at.get(s, -1)))
+            self._spill(slot, 0)
+            self.kv.allocate(slot)
+            reused, kept = min(from_store, limit), 0
+            self.kv.load(slot, *self.store.take(entry, reused))
+        else:
+            reused = kept = matches[slot]
+            self._spill(slot, reused)
+            self.kv.allocate(slot)
         self.cached.pop(slot, None)
         self.kv.set_length(slot, reused)
         self.queries += 1
         self.hits += reused > 0
         self.prompt_tokens += len(prompt_ids)
         self.hit_tokens += reused
-        return slot, reused
+        return slot, reused, kept
+
+    def _spill(self, slot: int, keep: int) -> None:
+        """The free slot's entries past ``keep`` are about to be overwritten: its cached tokens go to
+        the store whole, if there is one."""
+        tokens = self.cached.get(slot)
+        if self.store is not None and tokens and len(tokens) > keep:
+            self.store.add(tokens, *self.kv.read(slot, len(tokens)))
 
     def release(self, slot: int, tokens: list[int]) -> None:
         """Called just before ``kv.free(slot)``: remembers which tokens the slot's KV holds. Entries
@@ -65,3 +84,5 @@ class PrefixCache:
 
     def clear(self) -> None:
         self.cached.clear()
+        if self.store is not None:
+            self.store.clear()

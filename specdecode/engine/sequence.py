@@ -33,7 +33,9 @@ class Sequence:
     acceptance: AcceptanceEstimate = field(default_factory=AcceptanceEstimate)  # the controller's record
     draft_state: object = None  # the proposer's own per-request state (its type is the proposer's)
     num_prefilled: int = 0  # prompt tokens already in the KV cache (chunked prefill)
-    num_cached: int = 0  # of those, taken from the prefix cache at admission (the slot's previous tokens)
+    # of those, the slot's previous request's at admission (a drafter's state kept with the slot resumes
+    # them; tokens the prompt store supplied are not among them)
+    num_cached: int = 0
     max_len: int = 1 << 62  # context length: the sequence stops ("length") when it reaches it
     t_arrival: float = field(default_factory=time.perf_counter)
     t_first_token: float | None = None

@@ -121,6 +121,23 @@ class KVCache:
         assert 0 <= length <= self.max_len
         self.lengths[slot] = length
 
+    def read(self, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Host copies of entries [0, n) of a slot: k, v [layers, Hkv, n, D]."""
+        out = []
+        for t in (self.k, self.v):
+            c = torch.empty((t.shape[0], t.shape[2], n, t.shape[4]), dtype=t.dtype, device="cpu")
+            c.copy_(t[:, slot, :, :n])
+            out.append(c)
+        return out[0], out[1]
+
+    def load(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Writes k, v [layers, Hkv, n, D] (as ``read`` returns them) as entries [0, n) of a slot; does
+        not change its length."""
+        n = k.shape[2]
+        self.k[:, slot, :, :n].copy_(k)
+        self.v[:, slot, :, :n].copy_(v)
+        self._clean[slot] = max(self._clean[slot], n)
+
     def move(self, slot: int, src: list[int], dst_start: int) -> None:
         """Copies cache entries at indices ``src`` to ``dst_start ..`` (commits an accepted tree path)."""
         if src == list(range(dst_start, dst_start + len(src))):

@@ -47,6 +47,11 @@ class _EngineCollector:
                                   value=pc.prompt_tokens if pc else 0)
         yield CounterMetricFamily(P + "prefix_cache_hits", "Prompt tokens whose prefill the prefix cache saved",
                                   value=pc.hit_tokens if pc else 0)
+        store = pc.store if pc else None
+        yield CounterMetricFamily(P + "prompt_store_hits", "Prompt tokens of those that the host prompt store "
+                                  "supplied (--cache-ram)", value=store.hit_tokens if store else 0)
+        yield GaugeMetricFamily(P + "prompt_store_bytes", "Host memory the prompt store holds",
+                                value=store.bytes if store else 0)
 
 
 class ServerMetrics:
