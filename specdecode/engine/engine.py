@@ -102,7 +102,8 @@ class Engine:
                           kv_dtype(cfg.kv_cache_dtype, model.quant, self.device, self.dtype), self.device)
         self.runner = ModelRunner(model, self.kv, backend)
         if cfg.prompt_cache_mib < 0:
-            raise InvalidRequestError(f"--cache-ram must be >= 0 MiB (0 turns the prompt store off), not {cfg.prompt_cache_mib}")
+            raise InvalidRequestError(f"--cache-ram must be >= 0 MiB (0 turns the prompt store off), "
+                                      f"not {cfg.prompt_cache_mib}")
         store = PromptStore(cfg.prompt_cache_mib * 2**20) if cfg.prompt_cache_mib else None
         self.prefix_cache = PrefixCache(self.kv, store) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
