@@ -2,9 +2,10 @@
 
 A freed slot still holds the KV of the tokens it last committed (freeing only resets the length), so
 a new request whose prompt starts with those tokens (same system prompt, the next turn of a chat) can
-take that slot and skip prefilling the common prefix. When such a slot is about to be overwritten,
-its tokens and KV move to the host prompt store (prompt_store.py) first, if the engine has one. Positions match, so the reused entries are
-exactly what a fresh prefill would compute: greedy output does not change.
+take that slot and skip prefilling the common prefix. Positions match, so the reused entries are
+exactly what a fresh prefill would compute: greedy output does not change. When such a slot is about
+to be overwritten, its tokens and KV move to the host prompt store (prompt_store.py) first, if the
+engine has one.
 
 Bookkeeping is one token list per slot, recorded when the slot is released. Whoever else allocates
 a slot of the same KV cache and writes into it (the engine's cost calibration) must ``invalidate`` it.
