@@ -29,17 +29,21 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "torch-sdpa), cpu-native, torch-sdpa")
 
 
+def add_prefix_cache_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false",
+                   default=_ENG["enable_prefix_caching"], help="always prefill whole prompts")
+    p.add_argument("--cache-ram", dest="prompt_cache_mib", type=int, default=_ENG["prompt_cache_mib"], metavar="MIB",
+                   help="MiB of host memory for the KV of cached prompts whose KV slot another request took "
+                        "(0: keep a prompt only while its slot is free)")
+
+
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """Scheduling and cache knobs (EngineConfig): serving and benchmarking commands."""
     p.add_argument("--max-num-seqs", "--parallel", "-np", dest="max_num_seqs", type=int, default=_ENG["max_num_seqs"],
                    help="concurrent sequences (KV-cache slots); more requests wait in a queue")
     p.add_argument("--kv-cache-tokens", type=int, default=_ENG["kv_cache_tokens"],
                    help="total KV-cache budget in tokens, shared by the slots (caps the context per slot)")
-    p.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false",
-                   default=_ENG["enable_prefix_caching"], help="always prefill whole prompts")
-    p.add_argument("--cache-ram", dest="prompt_cache_mib", type=int, default=_ENG["prompt_cache_mib"], metavar="MIB",
-                   help="MiB of host memory for the KV of cached prompts whose KV slot another request took "
-                        "(0: keep a prompt only while its slot is free)")
+    add_prefix_cache_args(p)
     p.add_argument("--prefill-chunk", type=int, default=_ENG["prefill_chunk"],
                    help="prompt tokens per forward (bounds a long prompt's stall of running decodes)")
 

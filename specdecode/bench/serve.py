@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import replace
 
-from ..args import add_model_args, add_spec_args, engine_config, spec_config
+from ..args import add_model_args, add_prefix_cache_args, add_spec_args, engine_config, spec_config
 from ..errors import SpecDecodeError
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
 
@@ -40,7 +40,7 @@ def add_bench_serve_parser(sub) -> None:
     b.add_argument("--temperature", type=float, default=0.0)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--max-num-seqs", type=int, default=None, help="in-process slots (default: the top concurrency)")
-    b.add_argument("--no-prefix-cache", dest="enable_prefix_caching", action="store_false")
+    add_prefix_cache_args(b)
     b.add_argument("--json-out")
     b.add_argument("--plot")
     b.set_defaults(func=cmd_bench_serve)
