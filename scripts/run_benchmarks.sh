@@ -393,3 +393,42 @@ done
   cmake --build build -j2 --target llama-server)
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
   --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r21_vs_llamacpp_avx2.json
+
+# Round 22 (the same Intel host as rounds 20-21): the attention kernel's tasks of several tokens (bits checked first),
+# the GEMM's activation quantization on both threads, all layers in one native call, the prompt store; the runtime
+# curve on both bodies, the server's scaling with the store off and on, llama.cpp side by side on both bodies.
+git show 6178a08:specdecode/kernels/attention.c > /tmp/attn_before.c
+git show 706f901:specdecode/kernels/attention.c > /tmp/attn_706f901.c
+python scripts/bench_attention.py /tmp/attn_before.c specdecode/kernels/attention.c --reps 21
+for i in 1 2; do  # the whole step, the session's first attention.c and 706f901's in turns (quant_gemm.c at 6178a08)
+  for f in /tmp/attn_before.c /tmp/attn_706f901.c; do
+    cp $f specdecode/kernels/attention.c
+    python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r22_rt_$i.jsonl
+  done
+done
+git checkout specdecode/kernels/attention.c
+git show 706f901:specdecode/kernels/quant_gemm.c > /tmp/qg_before.c
+for flags in "" -mno-avx512f; do
+  python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --stream --rows 1,5,9 --flags="$flags"
+done
+python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --rows 1,5,9
+python scripts/ab_kernels.py /tmp/qg_before.c specdecode/kernels/quant_gemm.c --rows 1,5,9 --flags=-mno-avx512f
+for i in 1 2; do  # all layers in one call (a20b479) against one call per layer (06782ac), in turns
+  git checkout -q a20b479 && python scripts/bench_verify_curve.py --rounds 21
+  git checkout -q 06782ac && python scripts/bench_verify_curve.py --rounds 21
+done
+git checkout -q main
+python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r22_runtime_avx512.json
+SPECDECODE_NATIVE_FLAGS="-mno-avx512f -mno-avxvnni" python scripts/bench_runtime.py --quant auto --threads $T --reps 3 \
+  --decode-tokens 64 --json-out out/r22_runtime_avx2.json
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --cache-ram 0 --json-out out/r22_serve_ram0.json
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --json-out out/r22_serve_store.json
+python scripts/bench_prompt_store.py --chats 8 --slots 2 --cache-ram 0,2048 --rounds 2
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
+  --theirs plain,ngram-mod --rounds 2 --json-out out/r22_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r22_vs_llamacpp_avx2.json
+specdecode bench -t $T --spec-types auto --limit 2 --max-tokens 128 --json-out out/r22_greedy.json
+python scripts/spec_bench_categories.py out/r22_greedy.json

@@ -236,3 +236,10 @@ def test_cache_ram_zero_keeps_prompts_only_in_their_slots():
     fed = count_prefill(llm)
     llm.generate(a, GREEDY)
     assert llm.engine.prefix_cache.store is None and sum(fed) == len(a) - 1
+
+
+def test_a_negative_cache_ram_is_one_clear_error():
+    from specdecode.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="--cache-ram must be >= 0"):
+        tiny_llm("none", prompt_cache_mib=-1)
