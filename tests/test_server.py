@@ -112,7 +112,8 @@ def test_models_health_metrics(server):
     assert m.status_code == 200 and m.headers["content-type"].startswith("text/plain")
     for name in ("specdecode:request_success_total{", "specdecode:spec_decode_num_accepted_tokens_total",
                  "specdecode:kv_slots_free", "specdecode:time_to_first_token_seconds_bucket",
-                 "specdecode:prefix_cache_hits_total", "specdecode:request_queue_time_seconds_bucket"):
+                 "specdecode:prefix_cache_hits_total", "specdecode:request_queue_time_seconds_bucket",
+                 "specdecode:prompt_store_hits_total", "specdecode:prompt_store_bytes"):
         assert name in m.text
 
 
