@@ -44,10 +44,11 @@ class PromptStore:
         if not tokens or size > self.budget:
             return
         for key, (toks, _, _) in list(self._entries.items()):
-            if common_prefix_len(toks, tokens) == len(tokens):  # already held, whole
+            m = common_prefix_len(toks, tokens)
+            if m == len(tokens):  # already held, whole
                 self._entries.move_to_end(key)
                 return
-            if common_prefix_len(toks, tokens) == len(toks):  # the new entry holds this one whole
+            if m == len(toks):  # the new entry holds this one whole
                 self._drop(key)
         self._entries[self._next] = (list(tokens), k, v)
         self._next += 1
