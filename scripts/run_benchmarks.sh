@@ -432,3 +432,6 @@ SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama
   --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r22_vs_llamacpp_avx2.json
 specdecode bench -t $T --spec-types auto --limit 2 --max-tokens 128 --json-out out/r22_greedy.json
 python scripts/spec_bench_categories.py out/r22_greedy.json
+specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --json-out out/r22_specbench5.json
+python scripts/spec_bench_categories.py out/r22_specbench5.json
+# timing-only: layer.c with a clock around each part (and a 60 us pause after attention), not committed
