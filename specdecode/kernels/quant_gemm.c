@@ -302,9 +302,10 @@ static inline __attribute__((always_inline)) void tile_rows(
                 left = S;
             }
             const uint8_t *wg = w + tg * (size_t)(C * 64);
-            if (h0 == 0)
+            if (h0 == 0) { /* a second pass over the tile finds its lines in cache */
                 for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_FAR + (size_t)j * 64), _MM_HINT_T2);
                 for (int j = 0; j < C; j++) _mm_prefetch((const char *)(wg + PF_NEAR + (size_t)j * 64), _MM_HINT_T0);
+            }
             __m256i dot[MAX_ROWS][2];
             group_dots(wg, xq + ((size_t)g * R + r0) * gs, gs, RB, h0, NH, dot);
             for (int hh = 0; hh < NH; hh++) {
@@ -517,9 +518,9 @@ static uint8_t *amx_buffer(size_t bytes) {
 /* x [R, K] float -> the activations in group-major order, so that a pass over one group of a tile
  * finds its rows' bytes and scales at fixed offsets from one base: xq int8 [K / gs, R, gs], sx / xsum
  * float [K / gs, R] (sx = max|x| / 127, xsum = the float sum of x); xqsum (may be NULL): the integer
- * sums of xq per group, as float, [K / gs, R]. */
-/* Called inside a parallel region: the team shares the groups (each is independent) and meets at
- * the loop's barrier, so the tiles start on complete activations. */
+ * sums of xq per group, as float, [K / gs, R]. Called inside a parallel region: the team shares the
+ * groups (each is independent) and meets at the loop's barrier, so the tiles start on complete
+ * activations. */
 static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, float *sx, float *xsum, float *xqsum) {
     const int G = K / gs;
 #pragma omp for schedule(static)
