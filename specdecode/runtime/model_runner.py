@@ -60,8 +60,9 @@ class ModelRunner:
             for b, n in enumerate(num_new):
                 real[b, :n] = True
             real = real.to(self.device)
-            for h in (hidden, *ctx.captured.values()):  # one contract on every path (the fused one packs)
-                h[~real] = 0
+            if not ctx.packed:  # one contract on every path: the packed one unpacks into zeros already
+                for h in (hidden, *ctx.captured.values()):
+                    h[~real] = 0
         if not logits:
             return None, hidden, ctx.captured
         if last_only:
