@@ -158,12 +158,13 @@ def test_int8_kernel_equals_its_exact_arithmetic(kernel):
         assert ((y.double() - ref).abs() <= 2 ** -18 * scale_of + 1e-12).all()
 
 
-@pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 224, 512])
+@pytest.mark.parametrize("k", [32, 64, 96, 128, 160, 224, 512, 8192])
 def test_every_row_gets_the_bits_of_a_one_row_pass(kernel, k):
     # Verification is lossless only if a row's output does not depend on how many rows share its
     # pass (a verify of t tokens must give what t one-token steps give). Row counts cover every pass
     # of the bodies: blocks of 8 or 10 rows, their remainders, AMX's passes of 12-15 rows and its
-    # blocks of 16 with a VNNI remainder; k from 1 to 16 groups covers the AMX pipeline's ends.
+    # blocks of 16 with a VNNI remainder; k from 1 to 16 groups covers the AMX pipeline's ends, and
+    # k = 8192 splits 33 or more rows into the row blocks of a prompt chunk (30 or 32 rows per block).
     torch.manual_seed(4)
     n = 48
     codes, d, sc, dm, m = quantize_int4_super(torch.randn(n, k) * 0.05, 32)

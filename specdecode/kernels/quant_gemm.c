@@ -534,13 +534,13 @@ static void quantize_rows(const float *x, int R, int K, int gs, int8_t *xq, floa
     }
 }
 
-/* The VNNI / AVX2 passes of tile t for rows [r0, R): gs a constant where the caller passes one. */
+/* The VNNI / AVX2 passes of tile t for rows [r0, r1) of R: gs a constant where the caller passes one. */
 static inline __attribute__((always_inline)) void tile_passes(
     const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, const int gs, int t, const int8_t *xq,
-    const float *sx, const float *xsum, int R, int r0, float *y, int N) {
-    for (; r0 + MAX_ROWS <= R; r0 += MAX_ROWS)
+    const float *sx, const float *xsum, int R, int r0, int r1, float *y, int N) {
+    for (; r0 + MAX_ROWS <= r1; r0 += MAX_ROWS)
         tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, MAX_ROWS, y, N);
-    switch (R - r0) { /* one specialised body per remainder, so the row loops unroll */
+    switch (r1 - r0) { /* one specialised body per remainder, so the row loops unroll */
     case 1: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 1, y, N); break;
     case 2: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 2, y, N); break;
     case 3: tile_rows(w, s, z, K, gs, t, xq, sx, xsum, R, r0, 3, y, N); break;
@@ -556,24 +556,24 @@ static inline __attribute__((always_inline)) void tile_passes(
     }
 }
 
-/* amx: a buffer of K * 16 bytes where AMX takes this call's passes of amx_height(R) rows (the tiles'
- * height, set by amx_begin), else NULL; the rows left over run on VNNI. */
+/* Rows [r0, r1) of R against tile t. amx: a buffer of K * 16 bytes where AMX takes this call's passes of
+ * amx_height(R) rows (the tiles' height, set by amx_begin), else NULL; the rows left over run on VNNI. */
 static void tile(const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, int gs, int t,
-                 const int8_t *xq, const float *sx, const float *xsum, int R, float *y, int N, uint8_t *amx) {
-    int r0 = 0;
+                 const int8_t *xq, const float *sx, const float *xsum, int R, int r0, int r1, float *y, int N,
+                 uint8_t *amx) {
 #ifdef SPECDECODE_AMX
     if (amx) {
         amx_unpack(w, K, t, amx);
         const int M = amx_height(R);
-        for (; r0 + M <= R; r0 += M) amx_rows(amx, s, z, K, t, xq, sx, xsum, R, r0, y, N, M);
+        for (; r0 + M <= r1; r0 += M) amx_rows(amx, s, z, K, t, xq, sx, xsum, R, r0, y, N, M);
     }
 #else
     (void)amx;
 #endif
     if (gs == 32) /* every Q4_K tensor: the chunk loops unroll and the row offsets become immediates */
-        tile_passes(w, s, z, K, 32, t, xq, sx, xsum, R, r0, y, N);
+        tile_passes(w, s, z, K, 32, t, xq, sx, xsum, R, r0, r1, y, N);
     else
-        tile_passes(w, s, z, K, gs, t, xq, sx, xsum, R, r0, y, N);
+        tile_passes(w, s, z, K, gs, t, xq, sx, xsum, R, r0, r1, y, N);
 }
 
 static void tile_i8(const uint8_t *w, const float *ws, int K, int t, const int8_t *xq, const float *sx,
@@ -596,6 +596,19 @@ static void tile_i8(const uint8_t *w, const float *ws, int K, int t, const int8_
     }
 }
 
+/* Rows per block of a many-row call (a prompt chunk), in whole passes of MAX_ROWS. Every tile reads all
+ * of its block's int8 activations (rows x K bytes): a 512-token chunk of the 8960-wide down projection
+ * is 4.6 MB, fetched from L3 again for every 16 outputs. Blocks of <= 256 KiB stay in any of our cores'
+ * L2 (Zen 3: 512 KiB) next to the tile's weights; the weights are then read once per block, which a
+ * compute-bound chunk hides. Decode and verify calls (R <= MAX_ROWS) are one block. */
+#ifndef ROW_BLOCK_BYTES
+#define ROW_BLOCK_BYTES (256 << 10)
+#endif
+static inline int row_block(int K) {
+    const int rows = ROW_BLOCK_BYTES / K / MAX_ROWS * MAX_ROWS;
+    return rows > MAX_ROWS ? rows : MAX_ROWS;
+}
+
 #ifdef SPECDECODE_AMX
 const char *specdecode_isa(void) { return amx_granted() ? SPECDECODE_ISA "+amx" : SPECDECODE_ISA; }
 #else
@@ -609,6 +622,9 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
     const int T = N / TILE;
 #ifdef SPECDECODE_AMX
     const int amx = R >= AMX_MIN_ROWS && gs == 32 && amx_granted();
+    const int RB = amx ? R : row_block(K); /* AMX widens each tile once per call: one block */
+#else
+    const int RB = row_block(K);
 #endif
     /* Static schedule: each thread streams one contiguous range of tiles (prefetch-friendly). */
 #pragma omp parallel num_threads(threads)
@@ -618,8 +634,11 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
 #ifdef SPECDECODE_AMX
         if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin(amx_height(R));
 #endif
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, y, N, buf);
+        for (int r0 = 0; r0 < R; r0 += RB) { /* no barrier between blocks: their outputs are disjoint */
+            const int r1 = R - r0 < RB ? R : r0 + RB;
+#pragma omp for schedule(static) nowait
+            for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, r0, r1, y, N, buf);
+        }
 #ifdef SPECDECODE_AMX
         if (buf) _tile_release();
 #endif
