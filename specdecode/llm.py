@@ -59,6 +59,10 @@ class LLM:
         self.engine = Engine(engine_config, _model, _tokenizer, _draft)
         self.tokenizer = self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prompt's KV (slots and host store); False if prefix caching is off."""
+        return self.engine.reset_prefix_cache()
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
         text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return self.tokenizer.encode(text, add_special_tokens=False)

@@ -243,3 +243,18 @@ def test_a_negative_cache_ram_is_one_clear_error():
 
     with pytest.raises(InvalidRequestError, match="--cache-ram must be >= 0"):
         tiny_llm("none", prompt_cache_mib=-1)
+
+
+def test_reset_prefix_cache_forgets_slots_and_store():
+    llm = tiny_llm("none", max_num_seqs=1)
+    a, b = SYSTEM[:50] + [1], SYSTEM[50:100] + [2]
+    out = llm.generate(a, GREEDY)[0].token_ids
+    llm.generate(b, GREEDY)  # a's KV goes to the store, b's stays in the slot
+    assert len(llm.engine.prefix_cache.store) == 1
+    assert llm.reset_prefix_cache()
+    fed = count_prefill(llm)
+    assert llm.generate(a, GREEDY)[0].token_ids == out and sum(fed) == len(a) - 1
+    fed.clear()
+    llm.generate(b, GREEDY)
+    assert sum(fed) == len(b) - 1
+    assert not no_cache().reset_prefix_cache()

@@ -254,20 +254,45 @@ def test_shutdown_finishes_short_requests_and_aborts_long_ones():
         httpx.get(f"{srv.url}/health")
 
 
-def test_bench_serve(server, tmp_path):
+def test_reset_prefix_cache_route(server):
+    chat(server, "cache this prompt", max_tokens=3)
+    wait_idle(server.engine)
+    assert any(server.engine.prefix_cache.cached.values())
+    assert httpx.post(f"{server.url}/reset_prefix_cache").status_code == 401
+    r = httpx.post(f"{server.url}/reset_prefix_cache", headers=AUTH)
+    assert r.status_code == 200 and r.json() == {"reset": True}
+    assert not server.engine.prefix_cache.cached and len(server.engine.prefix_cache.store) == 0
+    assert chat(server, "and the server goes on", max_tokens=3).choices[0].message.content
+
+
+def test_bench_serve(server, tmp_path, monkeypatch):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in PROMPTS[:4]))
     out, png = tmp_path / "r.json", tmp_path / "r.png"
-    assert main(["bench-serve", "--url", server.url, "--api-key", KEY, "--prompts", str(prompts), "--concurrency",
-                 "1,2", "--requests", "2", "--max-tokens", "6", "--json-out", str(out), "--plot", str(png)]) == 0
+    resets = []
+    real = server.engine.reset_prefix_cache
+    monkeypatch.setattr(server.engine, "reset_prefix_cache", lambda: resets.append(1) or real())
+    args = ["bench-serve", "--url", server.url, "--api-key", KEY, "--prompts", str(prompts), "--concurrency", "1,2",
+            "--requests", "2", "--max-tokens", "6"]
+    assert main(args + ["--json-out", str(out), "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
     level = data["results"][MODEL]["2"]
     assert level["requests"] == 4 and level["output_tokens_per_s"] > 0 and level["tau"] >= 1.0
     assert len(data["records"]) == 2 + 4 and png.stat().st_size > 0
-    results, records = bench_engines([("none", lambda: tiny_engine("none")), ("draft", tiny_engine)],
+    assert len(resets) == 2  # each level starts with nothing cached
+    assert main(args + ["--warm-levels"]) == 0 and len(resets) == 2
+    built = []
+
+    def factory(spec_type):
+        return lambda: built.append(spec_type) or tiny_engine(spec_type)
+    results, records = bench_engines([("none", factory("none")), ("draft", factory("draft"))],
                                      load_prompts(prompts), [1, 2], 2, {"max_tokens": 6, "temperature": 0})
-    assert set(results) == {"none", "draft"} and results["draft"][2]["tau"] > 1.0
+    assert set(results) == {"none", "draft"} and list(results["draft"]) == [1, 2] and results["draft"][2]["tau"] > 1.0
     assert {r["completion_tokens"] for r in records} == {6}
+    assert built == ["none", "none", "draft", "draft"]  # a fresh engine for every level
+    built.clear()
+    bench_engines([("none", factory("none"))], load_prompts(prompts), [1, 2], 2, {"max_tokens": 6}, warm_levels=True)
+    assert built == ["none"]
 
 
 def test_limits_on_bodies_and_stop_strings(server):

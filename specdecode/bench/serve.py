@@ -2,10 +2,10 @@
 
 Drives a running server (``--url``) or, per configuration of ``--spec-types``, starts one in this
 process on 127.0.0.1 (target weights loaded once and shared). Each concurrency level sends the
-prompt set as streamed chat requests, ``c`` at a time, and reports request throughput, output tok/s,
-time to first token, inter-token latency (the gap between streamed chunks: with speculation one
-chunk can carry several tokens) and time per output token, p50 / p99, and τ from the servers'
-per-request ``spec`` figures. Client and in-process server share the CPU and the GIL; for figures
+prompt set as streamed chat requests, ``c`` at a time, starting cold (a fresh engine, or the running
+server's prefix cache reset), and reports request throughput, output tok/s, time to first token,
+inter-token latency (the gap between streamed chunks: with speculation one chunk can carry several
+tokens) and time per output token, p50 / p99, and τ from the servers' per-request ``spec`` figures. Client and in-process server share the CPU and the GIL; for figures
 that matter run the server separately and pass --url."""
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ def add_bench_serve_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--max-num-seqs", type=int, default=None, help="in-process slots (default: the top concurrency)")
     add_prefix_cache_args(b)
+    b.add_argument("--warm-levels", action="store_true",
+                   help="one server per configuration for all levels (default: each level starts cold, as a "
+                        "fresh server: the levels ask the same prompts, which a warm server has cached)")
     b.add_argument("--json-out")
     b.add_argument("--plot")
     b.set_defaults(func=cmd_bench_serve)
@@ -118,12 +121,31 @@ def summarize_level(records: list[dict], wall: float) -> dict:
             "acceptance_rate": round(acc / drafted, 3) if drafted else 0.0}
 
 
+async def reset_prefix_cache(url: str, api_key: str | None = None) -> bool:
+    """POST /reset_prefix_cache (vLLM's route); False if the server has no such route."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        r = await client.post(f"{url}/reset_prefix_cache", headers=headers)
+    if r.status_code in (404, 405):
+        return False
+    if r.status_code != 200:
+        raise SpecDecodeError(f"server answered {r.status_code} to /reset_prefix_cache: {r.text[:200]}")
+    return True
+
+
 async def bench_url(url: str, model: str, prompts: list[Prompt], levels: list[int], n: int, params: dict,
-                    api_key: str | None = None, progress: bool = False) -> tuple[dict, list[dict]]:
-    """{concurrency: summary} and the per-request records, after one short warm-up request."""
+                    api_key: str | None = None, progress: bool = False, reset: bool = False) -> tuple[dict, list[dict]]:
+    """{concurrency: summary} and the per-request records, after one short warm-up request. ``reset``:
+    the server's prefix cache is emptied before each level, whose prompts an earlier level asked."""
     await run_level(url, model, prompts, 1, 1, {**params, "max_tokens": 8}, api_key)
     summary, records = {}, []
     for c in levels:
+        if reset and not await reset_prefix_cache(url, api_key):
+            print(f"warning: {url} has no /reset_prefix_cache route: a level may find the prompts of the levels "
+                  "before it cached", file=sys.stderr)
+            reset = False
         recs, wall = await run_level(url, model, prompts, c, max(n, 2 * c), params, api_key)
         summary[c] = summarize_level(recs, wall)
         records += [{"concurrency": c, **{k: v for k, v in r.items() if k != "itl_s"}} for r in recs]
@@ -132,21 +154,26 @@ async def bench_url(url: str, model: str, prompts: list[Prompt], levels: list[in
     return summary, records
 
 
-def bench_engines(engines, prompts, levels, n, params, progress=False) -> tuple[dict, list[dict]]:
-    """``engines``: (label, factory) pairs; each factory builds an Engine, served while it is measured."""
+def bench_engines(engines, prompts, levels, n, params, progress=False, warm_levels=False) -> tuple[dict, list[dict]]:
+    """``engines``: (label, factory) pairs; each factory builds an Engine, served while it is measured.
+    Every level gets an engine of its own, as a server just started: the levels ask the same prompts,
+    and an engine that served an earlier level would hold them in its prefix cache and their answers
+    in its cross-request drafters. ``warm_levels``: one engine per configuration, levels in turn."""
     from ..server.app import create_app
     from ..server.background import BackgroundServer
 
     results, records = {}, []
     for label, factory in engines:
-        engine = factory()
-        with BackgroundServer(create_app(engine, ["bench"])) as srv:
-            if progress:
-                print(f"{label}:", file=sys.stderr)
-            results[label], recs = asyncio.run(bench_url(srv.url, "bench", prompts, levels, n, params,
-                                                         progress=progress))
-        records += [{"config": label, **r} for r in recs]
-        del engine  # its KV cache goes before the next configuration allocates one
+        if progress:
+            print(f"{label}:", file=sys.stderr)
+        results[label] = {}
+        for group in ([levels] if warm_levels else [[c] for c in levels]):
+            engine = factory()
+            with BackgroundServer(create_app(engine, ["bench"])) as srv:
+                summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params, progress=progress))
+            results[label].update(summary)
+            records += [{"config": label, **r} for r in recs]
+            del engine  # its KV cache goes before the next one allocates its own
     return results, records
 
 
@@ -204,7 +231,7 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
     else:
         cfg = engine_config(a, max_num_seqs=a.max_num_seqs or max(levels))
         results, records = bench_engines(_engine_factories(a, cfg, spec_config(a)), prompts, levels,
-                                         a.requests, params, progress)
+                                         a.requests, params, progress, a.warm_levels)
     print(format_table(results))
     if a.json_out:
         meta = {"argv": sys.argv, "url": a.url, "model": a.model, "spec_types": a.spec_types, "levels": levels,
@@ -223,7 +250,8 @@ def _bench_running(a, prompts, levels, params, progress):
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
     try:
         model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).raise_for_status().json()["data"][0]["id"]
-        summary, records = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress))
+        summary, records = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress,
+                                                 reset=not a.warm_levels))
     except httpx.HTTPError as e:
         raise SpecDecodeError(f"{url}: {e}") from None
     label = a.label or model

@@ -141,6 +141,15 @@ class Engine:
             self.waiting.remove(seq)
         self._retire()
 
+    def reset_prefix_cache(self) -> bool:
+        """Forgets every cached prompt (free slots' records and the host store), as vLLM's method of
+        this name: later requests prefill from scratch. Running requests are untouched. False when
+        the engine caches no prefixes."""
+        if self.prefix_cache is None:
+            return False
+        self.prefix_cache.clear()
+        return True
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -149,6 +149,13 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     async def prometheus():
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    @app.post("/reset_prefix_cache", dependencies=auth)
+    async def reset_prefix_cache():
+        """vLLM's route: later requests find no cached prompt (a benchmark's levels start cold)."""
+        if not worker.alive:
+            raise ApiError(503, "the engine is not running", "server_error")
+        return {"reset": await worker.call(engine.reset_prefix_cache)}
+
     async def parse(request: Request, schema: type[BaseModel]):
         admit()  # a full server refuses before reading, parsing and tokenizing
         try:

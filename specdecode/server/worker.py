@@ -11,9 +11,11 @@ Events a handle receives: ("running", None) once it holds a KV slot, or ("error"
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
+from typing import Any, Callable
 
 from ..engine.engine import Engine, release_threads
 from ..engine.sequence import Sequence
@@ -45,6 +47,7 @@ class EngineWorker:
         self.engine, self.queue_timeout = engine, queue_timeout
         self._cv = threading.Condition()
         self._cmds: list[tuple[str, RequestHandle]] = []
+        self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._stopping = False
         self._active: dict[int, RequestHandle] = {}  # seq_id -> handle (worker thread only)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -71,6 +74,18 @@ class EngineWorker:
     def abort(self, handle: RequestHandle) -> None:
         """Frees the request's slot and KV before the next step; a no-op once it finished."""
         self._post("abort", handle)
+
+    def call(self, fn: Callable[[], Any]) -> asyncio.Future:
+        """Runs ``fn()`` on the worker thread between two steps (the engine is not thread-safe);
+        await the result."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            if self._stopping:  # the thread takes no more work: nobody would run it
+                fut.set_exception(ApiError(503, "the engine is not running", "server_error"))
+            else:
+                self._calls.append((fn, fut))
+                self._cv.notify()
+        return asyncio.wrap_future(fut)
 
     def drain(self, grace: float) -> None:
         """Shutdown has begun: no new requests are taken; those still running after ``grace``
@@ -105,10 +120,16 @@ class EngineWorker:
     def _run(self) -> None:
         while True:
             with self._cv:
-                while not (self._cmds or self._stopping or self.engine.has_work()):
+                while not (self._cmds or self._calls or self._stopping or self.engine.has_work()):
                     self._cv.wait()
                 cmds, self._cmds = self._cmds, []
+                calls, self._calls = self._calls, []
                 stopping = self._stopping
+            for fn, fut in calls:
+                try:
+                    fut.set_result(fn())
+                except Exception as e:
+                    fut.set_exception(e)
             out: list[tuple[RequestHandle, tuple]] = []
             for cmd, handle in cmds:
                 self._apply(cmd, handle, out)
