@@ -170,7 +170,8 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
         for group in ([levels] if warm_levels else [[c] for c in levels]):
             engine = factory()
             with BackgroundServer(create_app(engine, ["bench"])) as srv:
-                summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params, progress=progress))
+                summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params, progress=progress,
+                                                      reset=True))  # the warm-up request's prompt too
             results[label].update(summary)
             records += [{"config": label, **r} for r in recs]
             del engine  # its KV cache goes before the next one allocates its own
