@@ -435,3 +435,29 @@ python scripts/spec_bench_categories.py out/r22_greedy.json
 specdecode bench -t $T --spec-types auto --limit 5 --max-tokens 128 --json-out out/r22_specbench5.json
 python scripts/spec_bench_categories.py out/r22_specbench5.json
 # timing-only: layer.c with a clock around each part (and a 60 us pause after attention), not committed
+# Round 23 (the same Intel host as rounds 20-22): the GEMM's row blocks for prompt chunks (bits checked first), the
+# whole prefill before / after from two worktrees in turns, llama.cpp's prompt processing, the server with every
+# level cold, auto in a full batch of 8, a static standard-library n-gram table replayed over round 22's outputs.
+git show 170cd2e:specdecode/kernels/quant_gemm.c > /tmp/qg_head.c
+python scripts/ab_kernels.py /tmp/qg_head.c specdecode/kernels/quant_gemm.c --stream --int4-only --rows 9,64,200,512
+python scripts/ab_kernels.py /tmp/qg_head.c specdecode/kernels/quant_gemm.c --stream --int4-only --rows 200,512 \
+  --flags=-mno-avx512f
+for b in 131072 262144 524288 1048576 2097152; do  # block budgets, as -DROW_BLOCK_BYTES variants
+  sed "s|#define ROW_BLOCK_BYTES (256 << 10)|#define ROW_BLOCK_BYTES $b|" specdecode/kernels/quant_gemm.c > /tmp/qg_$b.c
+done
+python scripts/ab_kernels.py /tmp/qg_1048576.c /tmp/qg_2097152.c --stream --int4-only --rows 512
+python scripts/ab_kernels.py /tmp/qg_1048576.c /tmp/qg_524288.c --stream --int4-only --rows 512
+python scripts/ab_kernels.py /tmp/qg_524288.c /tmp/qg_262144.c --stream --int4-only --rows 512,100
+python scripts/ab_kernels.py /tmp/qg_262144.c /tmp/qg_131072.c --stream --int4-only --rows 512
+git worktree add /tmp/wt_before 170cd2e && cp scripts/bench_prefill.py /tmp/wt_before/scripts/
+for i in 1 2 3; do python /tmp/wt_before/scripts/bench_prefill.py; python scripts/bench_prefill.py; done
+/tmp/llama.cpp-peer/src/build/bin/llama-bench -m ~/.cache/specdecode/models/qwen2.5-coder-1.5b-instruct.gguf -t $T \
+  -p 128,512 -n 32 -r 2
+python scripts/bench_kernels.py --threads $T --rows 1,10,100,512
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && (taskset -c 0 /tmp/dpbusd_peak & taskset -c 1 /tmp/dpbusd_peak & wait)
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --json-out out/r23_serve_cold2.json
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --cache-ram 0 --json-out out/r23_serve_ram0.json
+python scripts/bench_batch_drafters.py --spec-types none,auto,ngram-mod,suffix,eagle3 --rounds 2
+python scripts/sim_static_ngram.py out/r22_specbench5.json
