@@ -461,3 +461,13 @@ specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests
   --cache-ram 0 --json-out out/r23_serve_ram0.json
 python scripts/bench_batch_drafters.py --spec-types none,auto,ngram-mod,suffix,eagle3 --rounds 2
 python scripts/sim_static_ngram.py out/r22_specbench5.json
+# the packed batch priced by its rows (HEAD) against the commit before it, in turns
+git worktree add /tmp/wt_b 9e33267
+for i in 1 2; do
+  python /tmp/wt_b/scripts/bench_batch_drafters.py --spec-types none,auto
+  python scripts/bench_batch_drafters.py --spec-types none,auto
+done
+for i in 1 2; do
+  python /tmp/wt_b/scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl --max-tokens 128
+  python scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl --max-tokens 128
+done
