@@ -461,13 +461,15 @@ specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests
   --cache-ram 0 --json-out out/r23_serve_ram0.json
 python scripts/bench_batch_drafters.py --spec-types none,auto,ngram-mod,suffix,eagle3 --rounds 2
 python scripts/sim_static_ngram.py out/r22_specbench5.json
-# the packed batch priced by its rows (HEAD) against the commit before it, in turns
-git worktree add /tmp/wt_b 9e33267
+# two fixes tried and dropped, each against 9e33267 in turns: the packed batch priced by its rows with the head's
+# prompt feeding deferred in chains (a working tree, not committed), then the pricing alone (ebbde52, reverted)
+git worktree add /tmp/wt_b 9e33267 && git worktree add /tmp/wt_p ebbde52
 for i in 1 2; do
   python /tmp/wt_b/scripts/bench_batch_drafters.py --spec-types none,auto
-  python scripts/bench_batch_drafters.py --spec-types none,auto
+  python scripts/bench_batch_drafters.py --spec-types none,auto  # with the deferral on top of ebbde52
 done
 for i in 1 2; do
   python /tmp/wt_b/scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl --max-tokens 128
-  python scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl --max-tokens 128
+  python /tmp/wt_p/scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl --max-tokens 128
 done
+python /tmp/wt_p/scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2

@@ -293,25 +293,3 @@ def test_cost_model_replaces_the_calibration_quickly():
     for _ in range(40):
         c.observe(1, 1, 0.020)
     assert abs(c.verify_cost(1, 1) - 0.020) < 1e-4  # later, an EMA that follows the machine
-
-
-def test_a_packed_batch_prices_a_draft_by_the_rows_it_adds():
-    """Eight sequences, one with a likely draft. Padded, its draft would cost every sequence's rows and
-    does not pay; packed (the fused CPU layers compute the real rows only), it costs its own rows, which
-    the one-sequence curve prices, and it does."""
-    from specdecode import SamplingParams
-    from tiny_models import tiny_llm
-
-    eng = tiny_llm("ngram-simple", max_num_seqs=8).engine
-    eng._calibrated = True
-    c = eng.costs
-    for t in range(1, 18):
-        c.observe(1, t, 0.030 + 0.002 * (t - 1))  # one sequence: each extra row 2 ms
-    c.observe(8, 8, 0.045)  # plain decoding of eight
-    assert abs(c.rows_cost(8, 12) - (0.045 + 0.052 - 0.044)) < 1e-12  # extra rows as the one-sequence curve
-    seqs = [eng.add_request([1, 2, 3, 4], SamplingParams(max_tokens=50, temperature=0)) for _ in range(8)]
-    eng.proposer.estimate = lambda seq, k: [0.9] * k if seq is seqs[0] else []
-    eng.runner.packed = False
-    assert eng._draft_lengths(seqs) == [0] * 8
-    eng.runner.packed = True
-    assert min(eng._draft_lengths(seqs)) > 0

@@ -231,43 +231,26 @@ class Engine:
 
     def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
         """Each sequence's draft cap this step: one length for the batch (it shares one verify
-        forward), capped by each sequence's room (max_tokens, context length) and the drafter's own cap
-        (--draft-max for a model drafter, the n-gram and suffix caps for draftless ones).
-
-        Where the target pads a batch to its longest draft, every sequence pays for that length: the
-        batch is priced as if each drafted it. Where it runs packed (the fused CPU layers compute only
-        the real rows), a sequence's draft costs the rows it adds: a drafter (a chain member) is valued
-        for one sequence at its share of the plain step plus its own extra rows, and the batch's length
-        at the rows of the sequences that have a drafter this step (an upper bound: a draftless draft
-        may be shorter)."""
+        forward, priced as if every sequence drafted that much), capped by each sequence's room
+        (max_tokens, context length) and the drafter's own cap (--draft-max for a model drafter, the
+        n-gram and suffix caps for draftless ones)."""
         spec, prop = self.cfg.spec, self.proposer
         rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, self.max_model_len - s.num_tokens - 1,
                             prop.max_tokens)) for s in seqs]
         if spec.spec_type == "none" or not any(rooms):
             return [0] * len(seqs)
-        batch, costs = len(seqs), self.costs
-        packed = batch > 1 and self.runner.packed
+        batch = len(seqs)
 
-        def verify(t: int) -> float:  # the batch's forward, every sequence verifying t tokens
-            return costs.verify_cost(batch, t)
+        def verify(t: int) -> float:
+            return self.costs.verify_cost(batch, t)
 
-        def verify_one(t: int) -> float:  # one sequence's part of the batch's forward when it verifies t tokens
-            plain = costs.verify_cost(batch, 1)
-            return plain / batch + costs.rows_cost(batch, batch + t - 1) - plain
-
-        one = verify_one if packed else verify
-        prop.plan(seqs, rooms, lambda alphas, cost, depth, k_max: best_rate(alphas, cost, one, k_max, depth),
-                  fixed=spec.draft_fixed, verify=one)
+        prop.plan(seqs, rooms, lambda alphas, cost, depth, k_max: best_rate(alphas, cost, verify, k_max, depth),
+                  fixed=spec.draft_fixed, verify=verify)
         if spec.draft_fixed:
             return rooms
         alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]
-        drafting = [r if a else 0 for a, r in zip(alphas, rooms)]  # sequences without a drafter add no rows
-
-        def packed_verify(t: int) -> float:
-            return costs.rows_cost(batch, batch + sum(min(t - 1, r) for r in drafting))
-
-        k = choose_batch_draft_length(alphas, prop.draft_cost(batch), packed_verify if packed else verify,
-                                      max(rooms), spec.draft_min, depth=prop.depth)
+        k = choose_batch_draft_length(alphas, prop.draft_cost(batch), verify, max(rooms), spec.draft_min,
+                                      depth=prop.depth)
         return [min(k, r) for r in rooms]
 
     def _maybe_calibrate(self) -> None:

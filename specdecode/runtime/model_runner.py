@@ -18,7 +18,6 @@ class ModelRunner:
         # the rows the last forward's layers computed: sum of num_new where a ragged batch ran packed,
         # else B x T (the verify cost the controller's cost model observes)
         self.last_rows = 0
-        self.packed = False  # the last forward ran packed: a ragged batch costs its real rows only
 
     @property
     def device(self) -> torch.device:
@@ -55,7 +54,6 @@ class ModelRunner:
         with use_context(ctx, self.device):
             hidden = self.model(ids, pos)
         self.last_rows = sum(num_new) if ctx.packed else B * T
-        self.packed = ctx.packed
         real = None  # [B, T] bool: the rows that are not padding, where some are
         if min(num_new) < T:
             real = torch.zeros(B, T, dtype=torch.bool)

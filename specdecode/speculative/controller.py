@@ -155,18 +155,9 @@ class CostModel:
             n0, n1 = sizes[i - 1], sizes[i]
             s0, s1 = self.v[(batch, n0)], self.v[(batch, n1)]
             return s0 + (s1 - s0) * (rows - n0) / (n1 - n0)
-        one = self._sizes.get(1, [])
-        if i > 0 and batch > 1 and one and one[0] <= sizes[i - 1] and rows <= one[-1]:
-            # More rows than this batch size was measured at: the extra rows cost what the one-sequence
-            # curve (the calibration's) says the same row counts cost. The matrices, most of a forward,
-            # cost by rows whoever they belong to; scaling a batch's plain step linearly instead would
-            # price a batch of 8's first draft row at an eighth of its step, and no draft would ever be
-            # tried there to measure the shape.
-            n0 = sizes[i - 1]
-            return self.v[(batch, n0)] + self.rows_cost(1, rows) - self.rows_cost(1, n0)
-        # Otherwise scale the nearest measurement linearly in rows. Linear is an upper bound on CPU and
-        # GPU alike (small verifies cost less than proportionally), so such a shape never makes drafting
-        # look cheaper than it is.
+        # Unmeasured shape: scale the nearest measurement linearly in rows. Linear is an upper bound
+        # on CPU and GPU alike (small verifies cost less than proportionally), so an unmeasured shape
+        # never makes drafting look cheaper than it is.
         (b, n), s = min(self.v.items(), key=lambda kv: abs(kv[0][1] - rows))
         return s * rows / n
 
@@ -177,12 +168,12 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     draft length shared by a batch verified in one forward: argmax_k sum_b E_b(depth(k)) / C(k),
     over k in {0} ∪ [max(k_min, 1), k_max]; k = 0 is plain decoding, B / v(1).
 
-    verify_cost(k + 1) prices the batch's forward with drafts of length k: where rows are padded to
-    the longest draft, as if every sequence verified k + 1 tokens; where a ragged batch runs packed
-    (the fused CPU layers), the engine passes the rows the sequences with a drafter add (a length per
-    sequence for packed batches was measured and did not pay: docs/benchmarks.md). alphas[b] has
-    sequence b's per-position estimates; a list shorter than k (less room left) caps that sequence's
-    draft at its length. depth(k): the positions a draft of
+    The batch is priced as if every sequence verified k + 1 tokens: exact where rows are padded to
+    the longest draft (every sequence pays for it whatever its own draft), an upper bound where a
+    ragged batch runs packed (the fused CPU layers), since a drafter that finds fewer tokens then
+    leaves its rows out (a length per sequence for packed batches was measured and did not pay:
+    docs/benchmarks.md). alphas[b] has sequence b's per-position estimates; a list shorter than
+    k (less room left) caps that sequence's draft at its length. depth(k): the positions a draft of
     k tokens reaches and the drafting units it costs (a chain: k; a tree: at most its depth, its
     other nodes are siblings). draft_cost: one batched drafting unit; verify_cost(t): the batch's
     forward over t tokens per row. One sequence: E(k)/C(k)."""
