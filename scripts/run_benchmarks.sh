@@ -454,7 +454,8 @@ for i in 1 2 3; do python /tmp/wt_before/scripts/bench_prefill.py; python script
 /tmp/llama.cpp-peer/src/build/bin/llama-bench -m ~/.cache/specdecode/models/qwen2.5-coder-1.5b-instruct.gguf -t $T \
   -p 128,512 -n 32 -r 2
 python scripts/bench_kernels.py --threads $T --rows 1,10,100,512
-gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && (taskset -c 0 /tmp/dpbusd_peak & taskset -c 1 /tmp/dpbusd_peak & wait)
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak
+taskset -c 0 /tmp/dpbusd_peak & taskset -c 1 /tmp/dpbusd_peak & wait  # both cores at once: not SMT siblings
 specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
   --json-out out/r23_serve_cold2.json
 specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
@@ -469,7 +470,9 @@ for i in 1 2; do
   python scripts/bench_batch_drafters.py --spec-types none,auto  # with the deferral on top of ebbde52
 done
 for i in 1 2; do
-  python /tmp/wt_b/scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl --max-tokens 128
-  python /tmp/wt_p/scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl --max-tokens 128
+  for wt in /tmp/wt_b /tmp/wt_p; do
+    python $wt/scripts/bench_batch_drafters.py --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl \
+      --max-tokens 128
+  done
 done
 python /tmp/wt_p/scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2

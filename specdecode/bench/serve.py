@@ -5,8 +5,9 @@ process on 127.0.0.1 (target weights loaded once and shared). Each concurrency l
 prompt set as streamed chat requests, ``c`` at a time, starting cold (a fresh engine, or the running
 server's prefix cache reset), and reports request throughput, output tok/s, time to first token,
 inter-token latency (the gap between streamed chunks: with speculation one chunk can carry several
-tokens) and time per output token, p50 / p99, and τ from the servers' per-request ``spec`` figures. Client and in-process server share the CPU and the GIL; for figures
-that matter run the server separately and pass --url."""
+tokens) and time per output token, p50 / p99, and τ from the servers' per-request ``spec`` figures.
+Client and in-process server share the CPU and the GIL; for figures that matter run the server
+separately and pass --url."""
 from __future__ import annotations
 
 import argparse
