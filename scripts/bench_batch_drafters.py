@@ -1,6 +1,7 @@
 """Where a drafter's time goes in a full batch: Spec-Bench's first prompts (16 by default) on 8 slots,
-greedy, one fresh engine per spec type (nothing cached: the warm-up request's prompt is forgotten), all
-requests added at once as a concurrency-8 server level would run them. Prints the wall time, output
+greedy, one fresh engine per spec type (nothing cached: the warm-up request's prompt is forgotten; with
+--warm-requests, other prompts are served first, as by a server that has been running), all requests added
+at once as a concurrency-8 server level would run them. Prints the wall time, output
 tok/s, tau, and the seconds spent in each proposer method (per chain member), the controller and the
 target's forwards. Spec types run in turns over --rounds, so drift hits them alike.
 
@@ -42,9 +43,13 @@ def run(spec_type: str, a, shared: dict) -> tuple[float, int, float, collections
     shared.setdefault("model", llm.engine.model)
     shared.setdefault("tok", llm.engine.tokenizer)
     eng = llm.engine
-    prompts = load_prompts(a.prompts, None, None)[:a.requests]
-    ids = [llm.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]
+    prompts = load_prompts(a.prompts, None, None)
+    ids = [llm.encode_chat([{"role": "user", "content": p.text}]) for p in prompts[:a.requests]]
     llm.generate(ids[0], SamplingParams(max_tokens=8, temperature=0))  # calibration happens here
+    if a.warm_requests:  # other prompts first, as a server that has been running: records, costs, pools
+        warm = prompts[a.requests:a.requests + a.warm_requests]
+        llm.generate([llm.encode_chat([{"role": "user", "content": p.text}]) for p in warm],
+                     SamplingParams(max_tokens=a.max_tokens, temperature=0))
     eng.reset_prefix_cache()
     parts = collections.Counter()
     for m in getattr(eng.proposer, "members", [eng.proposer]):
@@ -73,6 +78,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--warm-requests", type=int, default=0,
+                    help="serve this many other prompts (those after the measured ones) first, untimed")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     shared: dict = {}

@@ -293,3 +293,21 @@ def test_cost_model_replaces_the_calibration_quickly():
     for _ in range(40):
         c.observe(1, 1, 0.020)
     assert abs(c.verify_cost(1, 1) - 0.020) < 1e-4  # later, an EMA that follows the machine
+
+
+def test_cost_model_nearest_shape_is_the_first_measured_at_the_nearest_row_count():
+    """An unmeasured shape scales the measurement nearest in rows (any batch; ties: the first measured),
+    found by bisection; the same as scanning every measurement."""
+    import random
+
+    rng = random.Random(0)
+    c = CostModel()
+    for _ in range(60):
+        c.observe(rng.randint(1, 8), rng.randint(1, 70), rng.uniform(0.01, 0.1))
+    for batch in range(1, 10):
+        for rows in range(1, 90):
+            if (batch, rows) in c.v or 0 < __import__("bisect").bisect(c._sizes.get(batch, []), rows) < len(
+                    c._sizes.get(batch, [])):
+                continue  # measured, or interpolated within this batch's sizes
+            (b, n), s = min(c.v.items(), key=lambda kv: abs(kv[0][1] - rows))
+            assert c.rows_cost(batch, rows) == s * rows / n

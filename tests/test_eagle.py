@@ -519,6 +519,33 @@ def test_prompt_is_fed_to_the_head_during_prefill_and_a_catch_up_is_no_level_cos
     assert len(observed) == len(seen) - 1  # every proposal but the catch-up measured its levels
 
 
+def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
+    """Steps in which the head does not draft leave their features pending; past twice PROMPT_WINDOW
+    the head keeps the newest PROMPT_WINDOW and restarts there, and its drafts stay lossless."""
+    import specdecode.speculative.eagle as eagle
+
+    W = 32  # the tiny model's context is short: a smaller window, read by the proposer at each call
+    monkeypatch.setattr(eagle, "PROMPT_WINDOW", W)
+    m = target(bigram=True)
+    eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
+    e, prop = eng.engine, eng.engine.proposer
+    steps, drafting, pending = iter(range(10_000)), e._draft_lengths, []
+    commit = prop.commit
+
+    def recording_commit(seq, n, hidden):
+        commit(seq, n, hidden)
+        pending.append(0 if seq.draft_state.feats is None else len(seq.draft_state.feats))
+
+    monkeypatch.setattr(prop, "commit", recording_commit)
+    # plain steps for the first 3 W tokens, then drafts again
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if next(steps) < 3 * W else drafting(seqs))
+    params = SamplingParams(temperature=0, max_tokens=4 * W, ignore_eos=True)
+    out = eng.generate(PROMPTS[0], params)[0]
+    assert out.token_ids == llm(m).generate(PROMPTS[0], params)[0].token_ids
+    assert max(pending) <= 2 * W and W in pending
+    assert out.stats["spec"]["accepted_tokens"] > 0
+
+
 def recomputed_positions(monkeypatch) -> list[int]:
     """Records how many positions each Target.hidden_states call recomputes."""
     from specdecode.runtime.target import Target

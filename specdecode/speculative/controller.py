@@ -129,11 +129,16 @@ class CostModel:
         self.v: dict[tuple[int, int], float] = {}
         self._n: dict[tuple[int, int], int] = {}  # measurements of each shape
         self._sizes: dict[int, list[int]] = {}  # batch -> measured row counts, ascending
+        self._rows: list[int] = []  # every measured row count (any batch), ascending
+        self._first: dict[int, tuple[int, tuple[int, int]]] = {}  # row count -> (order, its first shape)
 
     def observe(self, batch: int, rows: int, seconds: float) -> None:
         key = (batch, rows)
         if key not in self.v:
             insort(self._sizes.setdefault(batch, []), rows)
+            if rows not in self._first:
+                insort(self._rows, rows)
+                self._first[rows] = (len(self.v), key)
             self.v[key], self._n[key] = seconds, 1
             return
         self._n[key] += 1
@@ -158,8 +163,15 @@ class CostModel:
         # Unmeasured shape: scale the nearest measurement linearly in rows. Linear is an upper bound
         # on CPU and GPU alike (small verifies cost less than proportionally), so an unmeasured shape
         # never makes drafting look cheaper than it is.
-        (b, n), s = min(self.v.items(), key=lambda kv: abs(kv[0][1] - rows))
-        return s * rows / n
+        key = self._nearest(rows)
+        return self.v[key] * rows / key[1]
+
+    def _nearest(self, rows: int) -> tuple[int, int]:
+        """The measured shape whose row count is nearest to ``rows`` (ties: the first measured), found
+        by bisection: the controller asks for many shapes each step."""
+        i = bisect(self._rows, rows)
+        near = [self._first[n] for n in self._rows[max(0, i - 1):i + 1]]
+        return min(near, key=lambda f: (abs(f[1][1] - rows), f[0]))[1]
 
 
 def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,

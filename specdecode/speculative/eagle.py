@@ -37,7 +37,8 @@ from .kept import KeptStates
 from .proposer import Proposer
 from .tree import DraftTree
 
-PROMPT_WINDOW = 256  # prompt positions whose target features are recomputed when none were captured
+PROMPT_WINDOW = 256  # prompt positions whose target features are recomputed when none were captured;
+# also what a head keeps of its pending (unfed) positions once they pass twice that: the newest ones
 
 
 @dataclass
@@ -48,6 +49,7 @@ class _State:
     feats: torch.Tensor | None = None  # [n, F] target features of positions fstart .. fstart + n - 1
     fstart: int = 0
     last: torch.Tensor | None = None  # [H] pre-norm output of entry base + fed - 1 (valid when feats is None)
+    buf: torch.Tensor | None = None  # [capacity, F]: feats is its first n rows while commits append to it
 
 
 class EagleProposer(Proposer):
@@ -109,9 +111,17 @@ class EagleProposer(Proposer):
         return st
 
     def _add_features(self, st: _State, start: int, feats: torch.Tensor) -> None:
-        """Pending features of positions start .. start + n - 1 (contiguous with what is pending)."""
+        """Pending features of positions start .. start + n - 1 (contiguous with what is pending). They
+        are appended into a buffer of doubling capacity: a head that does not draft for many steps
+        gains a few rows per commit, and concatenating would copy everything pending each time."""
         if st.feats is not None and st.fstart + len(st.feats) == start:
-            st.feats = torch.cat([st.feats, feats])
+            n, m = len(st.feats), len(feats)
+            if st.buf is None or st.buf.data_ptr() != st.feats.data_ptr() or n + m > len(st.buf):
+                buf = feats.new_empty(max(64, 2 * (n + m)), feats.shape[-1])
+                buf[:n] = st.feats
+                st.buf = buf
+            st.buf[n:n + m] = feats
+            st.feats = st.buf[:n + m]
         elif start + len(feats) > st.base + st.fed:
             st.feats, st.fstart = feats, start
 
@@ -130,7 +140,22 @@ class EagleProposer(Proposer):
         if hidden is not None:
             feats = self.head.features(*hidden)  # [accepted + 1, F]: root + accepted path
             self._add_features(st, len(seq.tokens) - 1 - len(feats), feats)
+            self._bound_pending(st)
         self.kv.set_length(st.slot, st.fed)  # drop the draft entries
+
+    def _bound_pending(self, st: _State) -> None:
+        """Past 2 PROMPT_WINDOW pending positions, keeps the newest PROMPT_WINDOW: a head not chosen for
+        long (a chain drafting with another member, a batch where drafting does not pay) would otherwise
+        hold features for the whole answer and feed them all in one stall when chosen. The head then
+        restarts at those positions, its older entries dropped, as after a prefix-cache hit whose
+        entries were not kept."""
+        if st.feats is None or len(st.feats) <= 2 * PROMPT_WINDOW:
+            return
+        drop = len(st.feats) - PROMPT_WINDOW
+        st.feats, st.fstart = st.feats[drop:].clone(), st.fstart + drop  # a copy: the old buffer goes
+        st.buf = None
+        st.base, st.fed, st.last = st.fstart, 0, None
+        self.kv.set_length(st.slot, 0)
 
     def release(self, seq):
         self._kept.keep(seq, seq.draft_state)
@@ -199,7 +224,7 @@ class EagleProposer(Proposer):
             x = h.step(h.embed(ids.to(dev)), h.project(feats), pos.to(dev))
         for b, (st, k) in enumerate(zip(states, n)):
             st.fed += k
-            st.feats = None
+            st.feats = st.buf = None
             st.last = x[b, k - 1].clone()  # not a view that keeps the whole forward's output
             self.kv.set_length(st.slot, st.fed)
 
