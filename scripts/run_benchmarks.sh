@@ -476,3 +476,10 @@ for i in 1 2; do
   done
 done
 python /tmp/wt_p/scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2
+python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --warm-requests 16
+# the deferral again on warm engines (a working tree on top of 025fb2b, not committed), in turns with 025fb2b
+git worktree add /tmp/wt_c 025fb2b && cp scripts/bench_batch_drafters.py /tmp/wt_c/scripts/
+for i in 1 2; do
+  python /tmp/wt_c/scripts/bench_batch_drafters.py --spec-types none,auto --warm-requests 16
+  python scripts/bench_batch_drafters.py --spec-types none,auto --warm-requests 16
+done
