@@ -483,3 +483,8 @@ for i in 1 2; do
   python /tmp/wt_c/scripts/bench_batch_drafters.py --spec-types none,auto --warm-requests 16
   python scripts/bench_batch_drafters.py --spec-types none,auto --warm-requests 16
 done
+for i in 1 2; do  # the pending-features buffer and the bisection (b401983) against 025fb2b, in turns
+  python /tmp/wt_c/scripts/bench_batch_drafters.py --spec-types auto --warm-requests 16
+  python scripts/bench_batch_drafters.py --spec-types auto --warm-requests 16
+done
+python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --warm-requests 16

@@ -299,15 +299,16 @@ def test_cost_model_nearest_shape_is_the_first_measured_at_the_nearest_row_count
     """An unmeasured shape scales the measurement nearest in rows (any batch; ties: the first measured),
     found by bisection; the same as scanning every measurement."""
     import random
+    from bisect import bisect
 
     rng = random.Random(0)
     c = CostModel()
     for _ in range(60):
         c.observe(rng.randint(1, 8), rng.randint(1, 70), rng.uniform(0.01, 0.1))
     for batch in range(1, 10):
+        sizes = c._sizes.get(batch, [])
         for rows in range(1, 90):
-            if (batch, rows) in c.v or 0 < __import__("bisect").bisect(c._sizes.get(batch, []), rows) < len(
-                    c._sizes.get(batch, [])):
+            if (batch, rows) in c.v or 0 < bisect(sizes, rows) < len(sizes):
                 continue  # measured, or interpolated within this batch's sizes
             (b, n), s = min(c.v.items(), key=lambda kv: abs(kv[0][1] - rows))
             assert c.rows_cost(batch, rows) == s * rows / n
