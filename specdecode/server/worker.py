@@ -186,8 +186,7 @@ class EngineWorker:
                 out.append((handle, ("error", e)))
                 self.engine.abort(handle.seq)
             self._active.clear()
-            if self.engine.prefix_cache is not None:
-                self.engine.prefix_cache.clear()
+            self.engine.reset_prefix_cache()
             return
         self.steps += 1
         self.step_seconds += time.perf_counter() - t0
