@@ -560,28 +560,69 @@ def recomputed_positions(monkeypatch) -> list[int]:
     return counts
 
 
+def prefilled_chunks(monkeypatch, eng) -> list[tuple[int, int]]:
+    """Records the prompt positions (start, end) of each prefill chunk the engine runs."""
+    chunks, e = [], eng.engine
+    original = e._prefill_chunk
+
+    def recording(seq):
+        start = seq.num_prefilled
+        original(seq)
+        chunks.append((start, seq.num_prefilled))
+
+    monkeypatch.setattr(e, "_prefill_chunk", recording)
+    return chunks
+
+
 @pytest.mark.parametrize("spec_type,max_num_seqs", [("eagle3", 1), ("eagle3", 3), ("ngram,eagle3", 3)])
 def test_prefix_cache_hit_keeps_the_heads_entries(plain, monkeypatch, spec_type, max_num_seqs):
     """After a prefix-cache hit the head resumes the entries the previous request in that slot left for
-    the shared tokens: the same prompt again recomputes one position (the first one the hit does not
-    cover: its entry reads a token the old request did not share), the next turn of a chat none. The
-    drafts and the output are those of a cold start. In a chain the head keeps its state alike."""
+    the shared tokens: the same prompt again lacks one position's features (the last one the hit
+    covers: its entry reads a token the old request did not share), which the engine's prefill
+    computes again with the rest of the prompt, so the head never runs the target itself; the next
+    turn of a chat alike. The drafts and the output are those of a cold start. In a chain the head
+    keeps its state alike."""
     m = target(bigram=True)
     prompt = [(7 * i) % 300 + 1 for i in range(150)]
     eng = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=max_num_seqs)
     cold = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
-    counts = recomputed_positions(monkeypatch)
+    counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
     first = eng.generate(prompt, GREEDY)[0]
-    assert counts == []  # a cold prompt: its features come from the prefill
+    assert counts == [] and prefilled == [(0, len(prompt) - 1)]  # a cold prompt: features from the prefill
     again = eng.generate(prompt, GREEDY)[0]
-    assert counts == [1] and eng.engine.prefix_cache.hit_tokens == len(prompt) - 1
+    assert eng.engine.prefix_cache.hit_tokens == len(prompt) - 1
+    assert counts == [] and prefilled[1:] == [(len(prompt) - 2, len(prompt) - 1)]  # one position again
     turn2 = prompt + first.token_ids + [11, 12, 13]
     second = eng.generate(turn2, GREEDY)[0]
-    assert counts == [1]  # the chat's next turn: every entry it needs was kept or comes from the prefill
+    assert counts == []  # the chat's next turn: every entry it needs was kept or comes from the prefill
     for p, out in ((prompt, first), (prompt, again), (turn2, second)):
         ref = cold.generate(p, GREEDY)[0]
         assert out.token_ids == ref.token_ids
         assert out.stats["spec"]["accepted_tokens"] == ref.stats["spec"]["accepted_tokens"]
+
+
+def test_prefix_hit_without_a_kept_state_prefills_the_heads_window_again(plain, monkeypatch):
+    """A prompt whose cached tokens come from the host prompt store (its slot served another prompt
+    since) finds no kept head state: the engine prefills the last PROMPT_WINDOW cached positions
+    again, and the head reads their features from that prefill (no forward of its own); the output is
+    a cold start's."""
+    import specdecode.speculative.eagle as eagle
+
+    W = 32
+    monkeypatch.setattr(eagle, "PROMPT_WINDOW", W)
+    m = target(bigram=True)
+    prompt, other = [(7 * i) % 300 + 1 for i in range(150)], [(5 * i) % 300 + 2 for i in range(40)]
+    eng = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=1, prompt_cache_mib=64)
+    cold = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    eng.generate(prompt, GREEDY)
+    eng.generate(other, GREEDY)  # the slot moves prompt's entries to the store
+    counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
+    again = eng.generate(prompt, GREEDY)[0]
+    assert eng.engine.prefix_cache.store.hit_tokens == len(prompt) - 1
+    assert counts == [] and prefilled == [(len(prompt) - 1 - W, len(prompt) - 1)]
+    ref = cold.generate(prompt, GREEDY)[0]
+    assert again.token_ids == ref.token_ids
+    assert again.stats["spec"]["accepted_tokens"] > 0
 
 
 def test_labels_read_a_quantized_lm_head():

@@ -162,6 +162,9 @@ class Engine:
             seq = self.waiting.popleft()
             if self.prefix_cache is not None:
                 seq.slot, seq.num_prefilled, seq.num_cached = self.prefix_cache.allocate(seq.prompt_ids)
+                if seq.num_prefilled:  # a drafter may need hidden states of cached positions: prefill them again
+                    seq.num_prefilled = self.proposer.prefill_start(seq, seq.num_prefilled)
+                    self.kv.set_length(seq.slot, seq.num_prefilled)
             else:
                 seq.slot = self.kv.allocate()
             self.running.append(seq)

@@ -259,6 +259,9 @@ class ChainProposer(Proposer):
         for i, m in enumerate(self.members):
             m.prefill(self._view(seq, i), start, end, hidden if m.reads_hidden else None)
 
+    def prefill_start(self, seq, cached):
+        return min(m.prefill_start(self._view(seq, i), cached) for i, m in enumerate(self.members))
+
     def commit(self, seq, num_accepted, hidden):
         st = self._st(seq)
         if st.own is not None:  # a merged step: credit each member with its own draft's match

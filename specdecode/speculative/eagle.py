@@ -135,6 +135,22 @@ class EagleProposer(Proposer):
         if st.feats is not None:
             self._feed_pending([seq], [st])
 
+    def prefill_start(self, seq, cached):
+        """After a prefix-cache hit: the first of the ``cached`` positions whose features the head lacks.
+        A kept state lacks at least the last shared position (its entry pairs it with the next token,
+        which the new prompt may change); a new state starts PROMPT_WINDOW positions back, as
+        ``_fill_gap`` would. The engine's prefill then hands them over, and ``_fill_gap`` finds nothing
+        to recompute."""
+        st = self._state(seq)
+        have = st.base + st.fed
+        if st.feats is not None and st.fstart <= have:
+            have = max(have, st.fstart + len(st.feats))
+        if have >= cached:
+            return cached
+        if st.fed == 0 and st.feats is None:  # nothing kept: the head's entries start at the window
+            st.base = have = max(0, cached - PROMPT_WINDOW)
+        return have
+
     def commit(self, seq, num_accepted, hidden):
         st = self._state(seq)
         if hidden is not None:

@@ -53,6 +53,11 @@ class Proposer:
     - ``prefill(seq, start, end, hidden)`` is called after each chunk of the target's prefill (prompt
       positions start .. end - 1, ``hidden`` as in commit, for those positions): a drafter with its
       own cache ingests the prompt then (time to first token), not inside the first draft it makes.
+    - ``prefill_start(seq, cached)``: a request was admitted with its first ``cached`` prompt positions
+      already in the target's cache (a prefix-cache hit); the first position whose hidden states the
+      proposer still needs (<= cached). The engine prefills again from there, so those states come
+      from the prefill's own forward (with the rest of the prompt) instead of a one-off target
+      forward of the drafter's; the positions it recomputes get the keys and values they hold.
     - ``release(seq)`` frees per-sequence state when the sequence finishes (a drafter with its own
       cache may keep it for the slot's next request instead: speculative/kept.py).
     - ``draft_cost(n_seqs)``: measured seconds per drafting unit for a batch of n_seqs (0 for free
@@ -88,6 +93,9 @@ class Proposer:
 
     def prefill(self, seq: SeqView, start: int, end: int, hidden: Hidden) -> None:
         pass
+
+    def prefill_start(self, seq: SeqView, cached: int) -> int:
+        return cached
 
     def release(self, seq: SeqView) -> None:
         pass
