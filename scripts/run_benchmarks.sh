@@ -488,3 +488,21 @@ for i in 1 2; do  # the pending-features buffer and the bisection (b401983) agai
   python scripts/bench_batch_drafters.py --spec-types auto --warm-requests 16
 done
 python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --warm-requests 16
+
+# ---------------------------------------------------------------------------------------------------
+# Round 24 (Intel Xeon fam 6 model 207, 2 cores): the EAGLE head's prefix-cache gap from the prefill
+# (prefill_start), the speculation gate per batch size. "Before" is b634b88 in a second worktree.
+git worktree add /tmp/wt_base b634b88
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+for i in 1 2; do  # run once after prefill_start alone, once after the gate too
+  for wt in /tmp/wt_base $PWD; do
+    (cd $wt && python scripts/bench_batch_drafters.py --spec-types none,auto --prompts $P)
+  done
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 --prompts $P)
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --prompts $P)
+done

@@ -312,3 +312,57 @@ def test_cost_model_nearest_shape_is_the_first_measured_at_the_nearest_row_count
                 continue  # measured, or interpolated within this batch's sizes
             (b, n), s = min(c.v.items(), key=lambda kv: abs(kv[0][1] - rows))
             assert c.rows_cost(batch, rows) == s * rows / n
+
+
+def test_the_gate_closes_a_batch_size_where_speculation_lost_and_backs_off():
+    """A window of GATE_WINDOW steps that spent more than plain decoding would have on the same tokens
+    closes speculation at that batch size for GATE_PAUSE steps, doubling per losing window in a row
+    (capped); other batch sizes stay open, and a window that paid resets the backoff."""
+    from specdecode.speculative.controller import GATE_BACKOFF_MAX, GATE_PAUSE, GATE_WINDOW, SpeculationGate
+
+    def window(gate, batch, tokens, seconds, plain=1.0):
+        for _ in range(GATE_WINDOW):
+            assert gate.open(batch)
+            gate.observe(batch, tokens, seconds, plain)
+
+    def closed_for(gate, batch):
+        n = 0
+        while not gate.open(batch):
+            n += 1
+        return n
+
+    g = SpeculationGate()
+    window(g, 8, tokens=8, seconds=1.02)  # nothing accepted, a little planning on top: lost
+    assert closed_for(g, 8) == GATE_PAUSE and g.open(1)
+    pauses = []
+    for _ in range(GATE_BACKOFF_MAX + 2):
+        window(g, 8, tokens=8, seconds=1.02)
+        pauses.append(closed_for(g, 8))
+    assert pauses == [GATE_PAUSE << min(i, GATE_BACKOFF_MAX) for i in range(1, GATE_BACKOFF_MAX + 3)]
+    window(g, 8, tokens=11, seconds=1.2)  # 8 + 3 accepted for 1.2 plain steps: paid
+    window(g, 8, tokens=8, seconds=1.02)
+    assert closed_for(g, 8) == GATE_PAUSE  # the backoff starts over
+    window(g, 1, tokens=3, seconds=1.5)  # one sequence, 2 accepted per step at 1.5x a step's cost
+    assert g.open(1)
+
+
+def test_a_closed_gate_decodes_plainly_and_then_speculates_again():
+    """The engine asks the gate each step: while it is closed at the batch size the step plans and
+    drafts nothing (the proposer is not called) and counts as gated; then drafting resumes. Output
+    stays plain greedy."""
+    from specdecode import SamplingParams
+    from specdecode.speculative.controller import _Window
+    from tiny_models import tiny_llm
+
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompt = [5, 6, 7, 8] * 6
+    plain = tiny_llm().generate(prompt, params)[0].token_ids
+    llm = tiny_llm("ngram")
+    eng = llm.engine
+    calls = []
+    propose = eng.proposer.propose
+    eng.proposer.propose = lambda seqs, ks: calls.append(len(eng.running[0].output_ids)) or propose(seqs, ks)
+    eng.gate._w[1] = _Window(pause=10)
+    out = llm.generate(prompt, params)[0]
+    assert out.token_ids == plain
+    assert eng.gated_steps == 10 and calls and min(calls) >= 10  # no proposal during the first ten steps

@@ -26,7 +26,8 @@ from ..runtime.timer import Timer
 from ..sampling import RandomStream
 from ..sampling_params import SamplingParams
 from ..speculative import make_proposer
-from ..speculative.controller import AcceptanceEstimate, CostModel, best_rate, choose_batch_draft_length
+from ..speculative.controller import (AcceptanceEstimate, CostModel, SpeculationGate, best_rate,
+                                      choose_batch_draft_length)
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache
@@ -108,6 +109,9 @@ class Engine:
         self.prefix_cache = PrefixCache(self.kv, store) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
         self.costs = CostModel()
+        self.gate = SpeculationGate()
+        self.gated_steps = 0  # steps the gate made plain (speculation lost at their batch size)
+        self._gated: bool | None = None  # the gate's verdict on this step (None: it does not apply)
         self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
                              cfg.kv_cache_dtype, backend)
         self.proposer = make_proposer(cfg.spec, self.target, draft)
@@ -179,12 +183,19 @@ class Engine:
         if ready:
             before = [(s.stats.steps, s.num_tokens, self.kv.lengths[s.slot], len(s.text)) for s in ready]
             try:
+                t0 = self.timer.now()
+                self._gated = None
                 ks = self._draft_lengths(ready)
+                t1 = self.timer.now()
                 results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
             except Exception as e:
                 outputs += self._isolate(ready, before, e)
             else:
                 self.costs.observe(len(ready), timing.verify_rows, timing.verify_s)
+                if self._gated is False:  # an open step: what speculation spent against plain decoding
+                    self.gate.observe(len(ready), sum(1 + r.accepted for r in results),
+                                      t1 - t0 + timing.propose_s + timing.verify_s, self.costs.verify_cost(len(ready), 1))
+                self.gated_steps += bool(self._gated)
                 for seq, k, r in zip(ready, ks, results):
                     self.proposer.observe(seq, k, r.drafted, r.accepted)
                     outputs.append(StepOutput(seq, r.delta))
@@ -236,7 +247,8 @@ class Engine:
         """Each sequence's draft cap this step: one length for the batch (it shares one verify
         forward, priced as if every sequence drafted that much), capped by each sequence's room
         (max_tokens, context length) and the drafter's own cap (--draft-max for a model drafter, the
-        n-gram and suffix caps for draftless ones)."""
+        n-gram and suffix caps for draftless ones). Sets ``_gated``: whether the speculation gate closed
+        this step (None: the gate does not apply, as without a drafter or with --draft-fixed)."""
         spec, prop = self.cfg.spec, self.proposer
         rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, self.max_model_len - s.num_tokens - 1,
                             prop.max_tokens)) for s in seqs]
@@ -244,16 +256,28 @@ class Engine:
             return [0] * len(seqs)
         batch = len(seqs)
 
-        def verify(t: int) -> float:
-            return self.costs.verify_cost(batch, t)
+        priced: dict[int, float] = {}  # the plan asks for the same few shapes many times
 
-        prop.plan(seqs, rooms, lambda alphas, cost, depth, k_max: best_rate(alphas, cost, verify, k_max, depth),
-                  fixed=spec.draft_fixed, verify=verify)
+        def verify(t: int) -> float:
+            if t not in priced:
+                priced[t] = self.costs.verify_cost(batch, t)
+            return priced[t]
+
+        def value(alphas, cost, depth, k_max):
+            return best_rate(alphas, cost, verify, k_max, depth)
+
         if spec.draft_fixed:
+            prop.plan(seqs, rooms, value, fixed=True, verify=verify)
             return rooms
+        if not self.gate.open(batch):  # plain this step: nothing is planned (a chain's choices reset)
+            prop.plan(seqs, [0] * batch, value, verify=verify)
+            self._gated = True
+            return [0] * batch
+        prop.plan(seqs, rooms, value, verify=verify)
         alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]
         k = choose_batch_draft_length(alphas, prop.draft_cost(batch), verify, max(rooms), spec.draft_min,
                                       depth=prop.depth)
+        self._gated = False
         return [min(k, r) for r in rooms]
 
     def _maybe_calibrate(self) -> None:

@@ -25,6 +25,7 @@ class SeqResult:
 
 @dataclass
 class StepTiming:
+    propose_s: float
     verify_s: float
     verify_rows: int  # rows the verify forward computed: sum of (root + draft) when it ran packed, else B x T
 
@@ -81,7 +82,7 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         depth = max(tree.depths(), default=0)
         seq.stats.record(depth, len(path), (t1 - t0) * decoding, (t2 - t1) * decoding, proposer.drafted_by(seq))
         results.append(SeqResult(delta, depth, len(path)))
-    return results, StepTiming(t2 - t1, runner.last_rows)
+    return results, StepTiming(t1 - t0, t2 - t1, runner.last_rows)
 
 
 def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[list[int]], list[int]]:
