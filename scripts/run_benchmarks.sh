@@ -506,3 +506,17 @@ for wt in $PWD /tmp/wt_base; do
   (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
     --max-tokens 96 --max-num-seqs 8 --prompts $P)
 done
+# the head's held-out prior, and (measured, reverted) a pool for draftless drafters: each in turns with 84429a2
+(cd /tmp/wt_base && git checkout 84429a2)
+for i in 1 2; do
+  for wt in /tmp/wt_base $PWD; do
+    (cd $wt && python scripts/bench_batch_drafters.py --spec-types none,auto --prompts $P)
+  done
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 --prompts $P)
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --prompts $P)
+done

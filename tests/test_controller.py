@@ -366,3 +366,21 @@ def test_a_closed_gate_decodes_plainly_and_then_speculates_again():
     out = llm.generate(prompt, params)[0]
     assert out.token_ids == plain
     assert eng.gated_steps == 10 and calls and min(calls) >= 10  # no proposal during the first ten steps
+
+
+def test_a_drafters_measured_prior_replaces_the_optimistic_one():
+    """A drafter that ships its measured acceptance (a trained head's held-out report) gives its
+    engine-wide record that prior instead of PRIOR_ALPHA: a new request starts there, and a record that
+    no request feeds fades back to it (not to the optimistic 0.8)."""
+    from specdecode.speculative.controller import PRIOR_ALPHA
+
+    pool = AcceptanceEstimate(prior=(0.5, 0.4))
+    assert pool.alphas(3) == [0.5, 0.4, 0.4]  # the last position's prior repeats
+    assert AcceptanceEstimate(pool=pool).alphas(2) == [0.5, 0.4]
+    for _ in range(10):
+        pool.observe(2, 2)
+    assert pool.alphas(1)[0] > 0.8
+    for _ in range(400):
+        pool.decay()
+    assert abs(pool.alphas(1)[0] - 0.5) < 1e-3
+    assert AcceptanceEstimate().alphas(1) == [PRIOR_ALPHA]

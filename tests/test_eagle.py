@@ -625,6 +625,30 @@ def test_prefix_hit_without_a_kept_state_prefills_the_heads_window_again(plain, 
     assert again.stats["spec"]["accepted_tokens"] > 0
 
 
+def test_a_heads_held_out_report_is_the_controllers_prior(tmp_path):
+    """A head directory's train report (held-out top-1 agreement per draft step) becomes the prior of
+    the head's engine-wide acceptance record, alone and in a chain; a directory without one keeps the
+    optimistic prior."""
+    from specdecode.heads import held_out_acceptance
+    from specdecode.loader.eagle_ckpt import save_head
+    from specdecode.speculative.controller import PRIOR_ALPHA
+
+    m = target(bigram=True)
+    d = tmp_path / "head"
+    save_head(forced_head(m), d)
+
+    def engine(spec_type):
+        return LLM(spec_type=spec_type, head=str(d), dtype="float64", max_model_len=400, _model=m,
+                   _tokenizer=CharTokenizer(m.cfg.vocab_size)).engine
+
+    assert held_out_acceptance(d) == ()
+    assert engine("eagle3").acceptance.alphas(1) == [PRIOR_ALPHA]
+    (d / "train_report.json").write_text(json.dumps({"eval": {"loss": 1.0, "top1": [0.55, 0.45, 0.4]}}))
+    assert held_out_acceptance(d) == (0.55, 0.45, 0.4)
+    assert engine("eagle3").acceptance.alphas(3) == [0.55, 0.45, 0.4]
+    assert [p.alphas(2) if p else None for p in engine("ngram,eagle3").proposer.pools] == [None, [0.55, 0.45]]
+
+
 def test_labels_read_a_quantized_lm_head():
     """LlamaModel.head_rows: the rows the target computes its logits with, also when its LM head is int8
     (train-head --quant int4 trains on the target as deployed)."""

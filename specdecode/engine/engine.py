@@ -116,7 +116,7 @@ class Engine:
                              cfg.kv_cache_dtype, backend)
         self.proposer = make_proposer(cfg.spec, self.target, draft)
         # a model drafter's engine-wide record, each request's prior (controller.py; None: draftless)
-        self.acceptance = None if self.proposer.draftless else AcceptanceEstimate()
+        self.acceptance = None if self.proposer.draftless else AcceptanceEstimate(prior=self.proposer.prior_acceptance)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._calibrated = False

@@ -32,6 +32,16 @@ def find_head(model: str, kind: str) -> Path:
     return d
 
 
+def held_out_acceptance(path: Path) -> tuple[float, ...]:
+    """A trained head's held-out top-1 agreement per draft step (``train_report.json``, written by
+    train-head), the controller's prior for it; () when the directory has no readable report."""
+    try:
+        top1 = json.loads((Path(path) / "train_report.json").read_text())["eval"]["top1"]
+        return tuple(min(1.0, max(0.0, float(x))) for x in top1)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return ()
+
+
 def head_fits(path: Path, cfg) -> bool:
     """Whether the head in ``path`` reads a target shaped like ``cfg`` (vocabulary and hidden size):
     a model known by a bundled head's name may be another model (a test's, a renamed file)."""

@@ -81,7 +81,7 @@ class ChainProposer(Proposer):
         self.capture_layers = tuple(sorted({i for m in members for i in m.capture_layers}))
         self._chosen: set[int] = set()
         # each model member's engine-wide record (None: a draftless member keeps the fixed prior)
-        self.pools = [None if m.draftless else AcceptanceEstimate() for m in self.members]
+        self.pools = [None if m.draftless else AcceptanceEstimate(prior=m.prior_acceptance) for m in self.members]
 
     # -- per-sequence state -----------------------------------------------------------------------
     def _st(self, seq) -> _State:

@@ -12,10 +12,14 @@ For a model drafter (a draft model, EAGLE, MTP) the prior is its engine-wide rec
 records of finished requests, fading per engine step): its acceptance follows the kind of text, which
 a workload keeps from request to request, so a new request starts from what the drafter recently
 achieved instead of re-probing from the optimistic PRIOR_ALPHA; a pool that no finished request fed
-for a while fades back to PRIOR_ALPHA itself, so a drafter that stopped paying is tried again. A
+for a while fades back to its own prior, so a drafter that stopped paying is tried again. That prior is
+PRIOR_ALPHA, or the drafter's measured acceptance where it ships one (a trained head's held-out top-1
+agreement per draft step, ``Proposer.prior_acceptance``): a fresh engine then does not try a head
+everywhere at the optimistic 0.8, in batches where a verify row is dear and the head accepts ~0.5. A
 request's own record joins the pool only when it finishes, so no observation counts twice in one
 estimate. Draftless drafters (n-gram kinds, suffix) keep PRIOR_ALPHA: whether their matches are right
-depends on the request (one repeating an earlier answer, or fresh text), not on the workload.
+depends on the request (one repeating an earlier answer, or fresh text), not on the workload (a pool for
+them was measured and cost one sequence's speed: docs/benchmarks.md, round 24).
 
 Re-probing backs off for a model drafter. A probe of a 3-deep head costs about half a step; with the
 counts fading at DECAY, a record that settles at ~10 % acceptance is pulled back over the break-even
@@ -56,15 +60,18 @@ class AcceptanceEstimate:
     hits: list[float] = field(default_factory=list)
     pool: AcceptanceEstimate | None = None  # the drafter's engine-wide record: this estimate's prior
     misses: int = 0  # drafted steps in a row whose first position was rejected
+    prior: tuple[float, ...] = ()  # without a pool: a measured prior per position (the last repeats), else PRIOR_ALPHA
 
     def alphas(self, k: int) -> list[float]:
         """Estimated acceptance of positions 1..k, each given the earlier ones accepted. Position i's
         prior is position i-1's estimate (position 1's is PRIOR_ALPHA): deep positions are rarely
         tried when acceptance is low, and a fixed optimistic prior there would make long drafts look
         worth a verify of k + 1 tokens that the first position's record already rules out. With a
-        pool, position i's prior is the pool's estimate there, capped (from position 2 on) by this
-        record's estimate of position i-1 for the same reason."""
+        pool (or a measured ``prior``), position i's prior is the pool's estimate (the prior's value)
+        there, capped (from position 2 on) by this record's estimate of position i-1 for the same reason."""
         base = self.pool.alphas(k) if self.pool is not None else None
+        if base is None and self.prior:
+            base = [self.prior[min(i, len(self.prior) - 1)] for i in range(k)]
         out, prior = [], PRIOR_ALPHA
         for i in range(k):
             if base is not None:

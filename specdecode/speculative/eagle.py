@@ -27,7 +27,7 @@ import torch
 
 from ..config import SpecConfig
 from ..errors import InvalidRequestError
-from ..heads import find_head
+from ..heads import find_head, held_out_acceptance
 from ..models.eagle import EagleHead
 from ..runtime.context import Context, use_context
 from ..runtime.kv_cache import KVCache
@@ -65,6 +65,7 @@ class EagleProposer(Proposer):
 
             path = Path(spec.head).expanduser() if spec.head else find_head(target.name, spec.spec_type)
             head = load_head(path, target.model.cfg, target.dtype, target.device)
+            self.prior_acceptance = held_out_acceptance(path)
             if head.cfg.kind != spec.spec_type:
                 raise InvalidRequestError(f"--spec-type {spec.spec_type} needs a {spec.spec_type} head; {path} "
                                           f"holds a {head.cfg.kind} head")

@@ -84,6 +84,9 @@ class Proposer:
     # as misses (they gained nothing, and in a batch they still cost their padded rows).
     chain_drafts = True
     draftless = False
+    # A model drafter's measured acceptance per draft position, where it ships one (a trained head's
+    # held-out report): the prior of its engine-wide record instead of the optimistic PRIOR_ALPHA.
+    prior_acceptance: tuple[float, ...] = ()
 
     def propose(self, seqs: list[SeqView], max_tokens: list[int]) -> list[DraftTree]:
         return [DraftTree.empty() for _ in seqs]
