@@ -281,6 +281,9 @@ def test_bench_serve(server, tmp_path, monkeypatch):
     assert len(data["records"]) == 2 + 4 and png.stat().st_size > 0
     assert len(resets) == 2  # each level starts with nothing cached
     assert main(args + ["--warm-levels"]) == 0 and len(resets) == 2
+    assert main(args + ["--rounds", "2", "--json-out", str(out)]) == 0 and len(resets) == 2 + 4
+    data = json.loads(out.read_text())
+    assert data["results"][MODEL]["2"]["rounds"] == 2 and len(data["records"]) == 2 * (2 + 4)
     built = []
 
     def factory(spec_type):
@@ -293,6 +296,56 @@ def test_bench_serve(server, tmp_path, monkeypatch):
     built.clear()
     bench_engines([("none", factory("none"))], load_prompts(prompts), [1, 2], 2, {"max_tokens": 6}, warm_levels=True)
     assert built == ["none"]
+    built.clear()  # rounds: configurations in turns, a level's figures combined over them
+    results, records = bench_engines([("none", factory("none")), ("draft", factory("draft"))],
+                                     load_prompts(prompts), [2], 2, {"max_tokens": 6, "temperature": 0}, rounds=2)
+    assert built == ["none", "draft", "none", "draft"] and {r["round"] for r in records} == {1, 2}
+    level = results["draft"][2]
+    runs = level["output_tokens_per_s_runs"]
+    assert level["rounds"] == 2 and len(runs) == 2 and min(runs) <= level["output_tokens_per_s"] <= max(runs)
+    pair = [d / n for d, n in zip(runs, results["none"][2]["output_tokens_per_s_runs"])]
+    assert level["vs_first_range"] == [round(min(pair), 3), round(max(pair), 3)]
+    assert results["none"][2]["vs_first"] == 1.0
+
+
+def test_bench_serve_reads_events_whose_text_holds_unicode_line_separators():
+    """Generated text may hold U+2028, U+2029 or U+0085, which JSON leaves unescaped: the client splits
+    the event stream at CR / LF only (str.splitlines, as httpx's aiter_lines, would cut the event)."""
+    import asyncio
+
+    from specdecode.bench.serve import _sse_lines
+
+    event = "data: " + json.dumps({"choices": [{"delta": {"content": "a\u2028b\x85c\u2029"}}]}, ensure_ascii=False)
+
+    class Response:
+        async def aiter_text(self):
+            for part in (event[:20], event[20:] + "\r", "\n\ndata: [DONE]\n\n"):
+                yield part
+
+    async def read():
+        return [line async for line in _sse_lines(Response())]
+
+    lines = [x for x in asyncio.run(read()) if x]
+    assert lines == [event, "data: [DONE]"]
+    assert json.loads(lines[0][6:])["choices"][0]["delta"]["content"] == "a\u2028b\x85c\u2029"
+
+
+def test_bench_serve_rounds_combine_by_medians_and_paired_ratios():
+    from specdecode.bench.serve import combine_rounds, format_table
+
+    def level(tps, ttft):
+        return {"requests": 4, "request_throughput": tps / 10, "output_tokens_per_s": tps, "ttft_p50_ms": ttft,
+                "ttft_p99_ms": ttft, "itl_p50_ms": 1.0, "itl_p99_ms": 1.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.0,
+                "duration_s": 1.0, "tau": 1.0, "acceptance_rate": 0.0}
+    # the machine drifts: round 2 is slower for both, so the paired ratios stay near 0.9
+    runs = {"none": {8: [level(100, 5), level(80, 7), level(102, 6)]},
+            "auto": {8: [level(90, 6), level(72, 9), level(93, 6)]}}
+    out = combine_rounds(runs)
+    assert out["auto"][8]["output_tokens_per_s"] == 90 and out["auto"][8]["ttft_p50_ms"] == 6
+    assert out["auto"][8]["vs_first"] == 0.9 and out["auto"][8]["vs_first_range"] == [0.9, 0.912]
+    table = format_table(out)
+    assert "0.90x (0.90-0.91)" in table and "(72.0-93.0)" in table
+    assert combine_rounds({"none": {1: [level(30, 5)]}}) == {"none": {1: level(30, 5)}}  # one round: as it was
 
 
 def test_limits_on_bodies_and_stop_strings(server):

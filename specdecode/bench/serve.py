@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import replace
@@ -21,6 +22,8 @@ from dataclasses import replace
 from ..args import add_model_args, add_prefix_cache_args, add_spec_args, engine_config, spec_config
 from ..errors import SpecDecodeError
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
+
+_SSE_EOL = re.compile(r"\r\n|\r|\n")
 
 
 def add_bench_serve_parser(sub) -> None:
@@ -42,6 +45,9 @@ def add_bench_serve_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--max-num-seqs", type=int, default=None, help="in-process slots (default: the top concurrency)")
     add_prefix_cache_args(b)
+    b.add_argument("--rounds", type=int, default=1,
+                   help="run every configuration's levels this many times, configurations in turns; report each "
+                        "figure's median, tok/s's range, and 'vs first' as the median of the rounds' paired ratios")
     b.add_argument("--warm-levels", action="store_true",
                    help="one server per configuration for all levels (default: each level starts cold, as a "
                         "fresh server: the levels ask the same prompts, which a warm server has cached)")
@@ -51,13 +57,26 @@ def add_bench_serve_parser(sub) -> None:
 
 
 # -- one level --------------------------------------------------------------------------------------
+async def _sse_lines(r):
+    """The lines of a server-sent event stream. SSE ends lines with CR, LF or CRLF only; httpx's
+    aiter_lines splits like str.splitlines, also at U+2028, U+2029 and U+0085, which JSON leaves
+    unescaped: a generated text holding one would cut its event in two."""
+    rest = ""
+    async for text in r.aiter_text():
+        *lines, rest = _SSE_EOL.split(rest + text)
+        for line in lines:
+            yield line
+    if rest:
+        yield rest
+
+
 async def _request(client, url: str, payload: dict) -> dict:
     t0 = time.perf_counter()
     chunks, use, spec = [], None, None
     async with client.stream("POST", f"{url}/v1/chat/completions", json=payload) as r:
         if r.status_code != 200:
             raise SpecDecodeError(f"server answered {r.status_code}: {(await r.aread()).decode()[:200]}")
-        async for line in r.aiter_lines():
+        async for line in _sse_lines(r):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             obj = json.loads(line[6:])
@@ -155,28 +174,64 @@ async def bench_url(url: str, model: str, prompts: list[Prompt], levels: list[in
     return summary, records
 
 
-def bench_engines(engines, prompts, levels, n, params, progress=False, warm_levels=False) -> tuple[dict, list[dict]]:
+def bench_engines(engines, prompts, levels, n, params, progress=False, warm_levels=False,
+                  rounds: int = 1) -> tuple[dict, list[dict]]:
     """``engines``: (label, factory) pairs; each factory builds an Engine, served while it is measured.
     Every level gets an engine of its own, as a server just started: the levels ask the same prompts,
     and an engine that served an earlier level would hold them in its prefix cache and their answers
-    in its cross-request drafters. ``warm_levels``: one engine per configuration, levels in turn."""
+    in its cross-request drafters. ``warm_levels``: one engine per configuration, levels in turn.
+    ``rounds``: the whole set again, configurations in turns (so that a machine's drift reaches them
+    alike); each level's figures are then combined by ``combine_rounds``."""
     from ..server.app import create_app
     from ..server.background import BackgroundServer
 
-    results, records = {}, []
-    for label, factory in engines:
-        if progress:
-            print(f"{label}:", file=sys.stderr)
-        results[label] = {}
-        for group in ([levels] if warm_levels else [[c] for c in levels]):
-            engine = factory()
-            with BackgroundServer(create_app(engine, ["bench"])) as srv:
-                summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params, progress=progress,
-                                                      reset=True))  # the warm-up request's prompt too
-            results[label].update(summary)
-            records += [{"config": label, **r} for r in recs]
-            del engine  # its KV cache goes before the next one allocates its own
-    return results, records
+    if rounds < 1:
+        raise SpecDecodeError(f"--rounds must be >= 1, got {rounds}")
+    runs: dict[str, dict[int, list[dict]]] = {label: {} for label, _ in engines}
+    records = []
+    for r in range(rounds):
+        for label, factory in engines:
+            if progress:
+                print(f"{label}" + (f" (round {r + 1})" if rounds > 1 else "") + ":", file=sys.stderr)
+            for group in ([levels] if warm_levels else [[c] for c in levels]):
+                engine = factory()
+                with BackgroundServer(create_app(engine, ["bench"])) as srv:
+                    summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params,
+                                                          progress=progress, reset=True))  # the warm-up's prompt too
+                for c, s in summary.items():
+                    runs[label].setdefault(c, []).append(s)
+                records += [{"config": label, **({"round": r + 1} if rounds > 1 else {}), **x} for x in recs]
+                del engine  # its KV cache goes before the next one allocates its own
+    return combine_rounds(runs), records
+
+
+def combine_rounds(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, dict]]:
+    """label -> level -> the summaries of its rounds, in round order -> label -> level -> one summary:
+    the only round's as it is; with several, each figure's median, the tok/s of every round
+    (``output_tokens_per_s_runs``) and, for every configuration, the median and range of its tok/s over
+    the first configuration's in the same round (``vs_first``, ``vs_first_range``): paired ratios,
+    which a machine's drift between rounds does not reach."""
+    import statistics
+
+    first = next(iter(runs.values()), {})
+    out: dict[str, dict[int, dict]] = {}
+    for label, by_c in runs.items():
+        out[label] = {}
+        for c, ss in by_c.items():
+            if len(ss) == 1:
+                out[label][c] = ss[0]
+                continue
+            m = {k: round(statistics.median(s[k] for s in ss), 3) for k in ss[0]}
+            m["rounds"] = len(ss)
+            m["output_tokens_per_s_runs"] = [s["output_tokens_per_s"] for s in ss]
+            ref = first.get(c, [])
+            ratios = [s["output_tokens_per_s"] / b["output_tokens_per_s"]
+                      for s, b in zip(ss, ref) if b["output_tokens_per_s"]]
+            if ratios:
+                m["vs_first"] = round(statistics.median(ratios), 3)
+                m["vs_first_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+            out[label][c] = m
+    return out
 
 
 # -- report -----------------------------------------------------------------------------------------
@@ -188,10 +243,19 @@ def format_table(results: dict) -> str:
         for c, f in by_c.items():
             ref = base.get(c, {}).get("output_tokens_per_s")
             rel = f"{f['output_tokens_per_s'] / ref:.2f}x" if ref else "-"
-            lines.append(f"{label:20s} {c:4d} {f['request_throughput']:7.2f} {f['output_tokens_per_s']:8.1f} "
+            if "vs_first" in f:  # several rounds: the median of the paired ratios, and their range
+                lo, hi = f["vs_first_range"]
+                rel = f"{f['vs_first']:.2f}x ({lo:.2f}-{hi:.2f})"
+            tps = f"{f['output_tokens_per_s']:8.1f}"
+            if "output_tokens_per_s_runs" in f:
+                tps += f" ({min(f['output_tokens_per_s_runs']):.1f}-{max(f['output_tokens_per_s_runs']):.1f})"
+            lines.append(f"{label:20s} {c:4d} {f['request_throughput']:7.2f} {tps} "
                          f"{f['ttft_p50_ms']:8.1f} {f['ttft_p99_ms']:8.1f} {f['itl_p50_ms']:7.1f} "
                          f"{f['itl_p99_ms']:7.1f} {f['tpot_p50_ms']:7.1f} {f['tau']:5.2f} {rel:>8s}")
-    return "\n".join(lines) + "\n(latencies in ms; 'vs first': output tok/s against the first configuration)"
+    note = "\n(latencies in ms; 'vs first': output tok/s against the first configuration"
+    if any("rounds" in f for by_c in results.values() for f in by_c.values()):
+        note += "; several rounds: medians, tok/s's range, and 'vs first' the median (range) of each round's ratio"
+    return "\n".join(lines) + note + ")"
 
 
 def plot(path: str, results: dict) -> None:
@@ -225,6 +289,8 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
         raise SpecDecodeError(f"--concurrency takes comma-separated integers, got {a.concurrency!r}") from None
     if not levels or min(levels) < 1:
         raise SpecDecodeError("--concurrency levels must be >= 1")
+    if a.rounds < 1:
+        raise SpecDecodeError(f"--rounds must be >= 1, got {a.rounds}")
     prompts = load_prompts(a.prompts, a.category, a.limit)
     params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "seed": a.seed}
     progress = sys.stderr.isatty()
@@ -233,11 +299,11 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
     else:
         cfg = engine_config(a, max_num_seqs=a.max_num_seqs or max(levels))
         results, records = bench_engines(_engine_factories(a, cfg, spec_config(a)), prompts, levels,
-                                         a.requests, params, progress, a.warm_levels)
+                                         a.requests, params, progress, a.warm_levels, a.rounds)
     print(format_table(results))
     if a.json_out:
         meta = {"argv": sys.argv, "url": a.url, "model": a.model, "spec_types": a.spec_types, "levels": levels,
-                "requests_per_level": a.requests, "n_prompts": len(prompts), **params}
+                "requests_per_level": a.requests, "n_prompts": len(prompts), "rounds": a.rounds, **params}
         with open(a.json_out, "w") as f:
             json.dump({"meta": meta, "results": results, "records": records}, f, indent=1)
     if a.plot:
@@ -250,14 +316,20 @@ def _bench_running(a, prompts, levels, params, progress):
 
     url = a.url.rstrip("/")
     headers = {"Authorization": f"Bearer {a.api_key}"} if a.api_key else {}
+    runs: dict[int, list[dict]] = {}
+    records = []
     try:
         model = httpx.get(f"{url}/v1/models", headers=headers, timeout=30).raise_for_status().json()["data"][0]["id"]
-        summary, records = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress,
-                                                 reset=not a.warm_levels))
+        label = a.label or model
+        for r in range(a.rounds):
+            summary, recs = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress,
+                                                  reset=not a.warm_levels))
+            for c, s in summary.items():
+                runs.setdefault(c, []).append(s)
+            records += [{"config": label, **({"round": r + 1} if a.rounds > 1 else {}), **x} for x in recs]
     except httpx.HTTPError as e:
         raise SpecDecodeError(f"{url}: {e}") from None
-    label = a.label or model
-    return {label: summary}, [{"config": label, **r} for r in records]
+    return combine_rounds({label: runs}), records
 
 
 def _engine_factories(a, cfg, base_spec):
