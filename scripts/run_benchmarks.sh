@@ -520,3 +520,6 @@ for wt in $PWD /tmp/wt_base; do
   (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
     --max-tokens 96 --max-num-seqs 8 --prompts $P)
 done
+# the server in three rounds, configurations in turns (bench-serve --rounds, new)
+specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+  --rounds 3
