@@ -3,7 +3,7 @@ request ends, and engine state (queue, batch, KV slots, prefix cache) read at sc
 
 Names follow vLLM's under a ``specdecode:`` prefix where vLLM has the same figure (a vLLM dashboard
 carries over by swapping the prefix): ``spec_decode_num_drafts`` / ``_num_draft_tokens`` /
-``_num_accepted_tokens`` / ``_num_accepted_tokens_per_pos{position}`` (0 = the first draft token),
+``_num_accepted_tokens`` / ``_num_accepted_tokens_per_pos{position}`` (0 = the first draft token), ``spec_decode_gated_steps`` (ours),
 ``request_success{finished_reason}``, ``prompt_tokens``, ``generation_tokens``,
 ``time_to_first_token_seconds``, ``request_time_per_output_token_seconds``,
 ``e2e_request_latency_seconds``, ``request_queue_time_seconds``, ``num_requests_running`` /
@@ -42,6 +42,9 @@ class _EngineCollector:
         yield CounterMetricFamily(P + "engine_steps", "Engine steps run", value=self.worker.steps)
         yield CounterMetricFamily(P + "engine_step_seconds", "Time spent in engine steps",
                                   value=self.worker.step_seconds)
+        yield CounterMetricFamily(P + "spec_decode_gated_steps", "Decode steps run plainly because speculation "
+                                  "lost to plain decoding at their batch size (the speculation gate)",
+                                  value=eng.gated_steps)
         pc = eng.prefix_cache
         yield CounterMetricFamily(P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                                   value=pc.prompt_tokens if pc else 0)
