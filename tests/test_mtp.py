@@ -241,8 +241,9 @@ def test_prompt_hidden_states_come_from_the_engines_prefill(tmp_path, monkeypatc
 
 def test_prefix_cache_hit_keeps_the_heads_pairs(tmp_path, monkeypatch):
     """After a prefix-cache hit the heads resume the pairs the slot's previous request left for the
-    shared tokens: the same prompt again recomputes one position through the target (the pair the hit
-    does not cover), the chat's next turn none; the output is a cold start's."""
+    shared tokens: the same prompt again lacks one position's hidden state (the pair the hit does not
+    cover), which the engine's prefill computes again with the rest of the prompt, so the proposer
+    never runs the target itself; the chat's next turn alike; the output is a cold start's."""
     from specdecode.runtime.target import Target
 
     plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
@@ -256,13 +257,37 @@ def test_prefix_cache_hit_keeps_the_heads_pairs(tmp_path, monkeypatch):
     prompt = [(7 * i) % 300 + 1 for i in range(150)]
     first = spec.generate(prompt, GREEDY)[0]
     again = spec.generate(prompt, GREEDY)[0]
-    assert counts == [1] and spec.engine.prefix_cache.hit_tokens == len(prompt) - 1
+    assert counts == [] and spec.engine.prefix_cache.hit_tokens == len(prompt) - 1
     turn2 = prompt + first.token_ids + [11, 12, 13]
     second = spec.generate(turn2, GREEDY)[0]
-    assert counts == [1]
+    assert counts == []
     for p, out in ((prompt, first), (prompt, again), (turn2, second)):
         assert out.token_ids == plain.generate(p, GREEDY)[0].token_ids
     assert again.stats["spec"]["accepted_tokens"] == first.stats["spec"]["accepted_tokens"]
+
+
+def test_prefix_hit_from_the_store_prefills_the_heads_window_again(tmp_path, monkeypatch):
+    """A prompt whose cached tokens come from the host prompt store finds no kept head state: the engine
+    prefills the heads' window of cached positions again, and the proposer runs no target forward."""
+    from specdecode.runtime.target import Target
+
+    plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
+    prompt = [(7 * i) % 300 + 1 for i in range(300)]
+    spec.generate(prompt, GREEDY)
+    for j in range(3):  # three other prompts take every slot: prompt's entries move to the store
+        spec.generate([(5 * i + j) % 300 + 2 for i in range(30)], GREEDY)
+
+    counts, original = [], Target.hidden_states  # counted, not raised: a failed step would be retried plainly
+
+    def counting(self, slot, tokens, start, end, *a, **kw):
+        counts.append(end - start)
+        return original(self, slot, tokens, start, end, *a, **kw)
+
+    monkeypatch.setattr(Target, "hidden_states", counting)
+    again = spec.generate(prompt, GREEDY)[0]
+    assert spec.engine.prefix_cache.store.hit_tokens == len(prompt) - 1
+    assert counts == [] and again.stats["spec"]["accepted_tokens"] > 0
+    assert again.token_ids == plain.generate(prompt, GREEDY)[0].token_ids
 
 
 def test_model_without_heads_is_a_clear_error(tmp_path):

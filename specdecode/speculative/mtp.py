@@ -190,6 +190,16 @@ class MTPProposer(Proposer):
         first proposal recomputes none of them through the target."""
         self._collect(seq, hidden[0], start)
 
+    def prefill_start(self, seq, cached):
+        """After a prefix-cache hit: the first of the ``cached`` positions whose hidden state the heads
+        will lack at their first proposal (from the first pair they have not fed: a kept slot's, or
+        PROMPT_WINDOW back for a new one, as ``_pending`` starts), so the engine's prefill hands it over
+        and ``_pending`` recomputes nothing."""
+        st = self._state(seq)
+        lo = st.fed if st.slot >= 0 else max(0, cached - PROMPT_WINDOW)
+        have = st.hpos + len(st.h) if st.h is not None and st.hpos <= lo else lo
+        return min(have, cached)
+
     def commit(self, seq, num_accepted, hidden):
         """Keeps the target hidden states of the rows the verify committed (positions len(tokens) - a - 2 ..
         len(tokens) - 2) for the next proposal; chained cache entries need no rollback (see the module doc)."""
