@@ -271,7 +271,8 @@ class SpeculationGate:
     GATE_PAUSE steps of B (``open`` says False: those steps decode plainly and plan nothing), doubling
     with each losing window in a row up to 2**GATE_BACKOFF_MAX; then a fresh window tries again. A
     window that paid resets the backoff. Batch sizes are judged apart: a verify row's price relative
-    to a step's worth falls with the batch, so drafting that pays for one request may lose for eight."""
+    to one sequence's share of a step rises with the batch, so drafting that pays for one request may
+    lose for eight."""
 
     def __init__(self):
         self._w: dict[int, _Window] = {}

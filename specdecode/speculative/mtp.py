@@ -192,11 +192,11 @@ class MTPProposer(Proposer):
 
     def prefill_start(self, seq, cached):
         """After a prefix-cache hit: the first of the ``cached`` positions whose hidden state the heads
-        will lack at their first proposal (from the first pair they have not fed: a kept slot's, or
-        PROMPT_WINDOW back for a new one, as ``_pending`` starts), so the engine's prefill hands it over
-        and ``_pending`` recomputes nothing."""
+        will lack at their first proposal (from the first pair they have not fed, a kept slot's, but
+        never more than PROMPT_WINDOW back, where ``_pending`` starts a new cache), so the engine's
+        prefill hands it over and ``_pending`` recomputes nothing."""
         st = self._state(seq)
-        lo = st.fed if st.slot >= 0 else max(0, cached - PROMPT_WINDOW)
+        lo = max(st.fed if st.slot >= 0 else 0, cached - PROMPT_WINDOW, 0)
         have = st.hpos + len(st.h) if st.h is not None and st.hpos <= lo else lo
         return min(have, cached)
 
