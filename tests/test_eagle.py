@@ -16,7 +16,7 @@ from specdecode.models.eagle import EagleConfig, init_head
 from specdecode.runtime.attention import backend
 
 attend = backend().attend
-from tiny_models import CharTokenizer, hf_model, ours_from_hf
+from tiny_models import CharTokenizer, hf_model, ours_from_hf, recomputed_positions
 
 F64 = torch.float64
 GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
@@ -544,20 +544,6 @@ def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
     assert out.token_ids == llm(m).generate(PROMPTS[0], params)[0].token_ids
     assert max(pending) <= 2 * W and W in pending
     assert out.stats["spec"]["accepted_tokens"] > 0
-
-
-def recomputed_positions(monkeypatch) -> list[int]:
-    """Records how many positions each Target.hidden_states call recomputes."""
-    from specdecode.runtime.target import Target
-
-    counts, original = [], Target.hidden_states
-
-    def counting(self, slot, tokens, start, end, *a, **kw):
-        counts.append(end - start)
-        return original(self, slot, tokens, start, end, *a, **kw)
-
-    monkeypatch.setattr(Target, "hidden_states", counting)
-    return counts
 
 
 def prefilled_chunks(monkeypatch, eng) -> list[tuple[int, int]]:

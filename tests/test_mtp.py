@@ -18,7 +18,7 @@ from specdecode.loader.gguf_loader import GGUFFile, load_gguf_model, read_gguf_c
 from specdecode.loader.hf import config_from_hf
 from specdecode.loader.mtp_ckpt import attach_mtp, load_mtp_head, mtp_layer_count, save_head_dir
 from specdecode.models.mtp import MTPConfig, build_mtp_head
-from tiny_models import CharTokenizer, hf_model, ours_from_hf
+from tiny_models import CharTokenizer, hf_model, ours_from_hf, recomputed_positions
 
 GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 100, 200, 1, 2], [42]]
@@ -244,16 +244,8 @@ def test_prefix_cache_hit_keeps_the_heads_pairs(tmp_path, monkeypatch):
     shared tokens: the same prompt again lacks one position's hidden state (the pair the hit does not
     cover), which the engine's prefill computes again with the rest of the prompt, so the proposer
     never runs the target itself; the chat's next turn alike; the output is a cold start's."""
-    from specdecode.runtime.target import Target
-
     plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
-    counts, original = [], Target.hidden_states
-
-    def counting(self, slot, tokens, start, end, *a, **kw):
-        counts.append(end - start)
-        return original(self, slot, tokens, start, end, *a, **kw)
-
-    monkeypatch.setattr(Target, "hidden_states", counting)
+    counts = recomputed_positions(monkeypatch)
     prompt = [(7 * i) % 300 + 1 for i in range(150)]
     first = spec.generate(prompt, GREEDY)[0]
     again = spec.generate(prompt, GREEDY)[0]
@@ -269,21 +261,13 @@ def test_prefix_cache_hit_keeps_the_heads_pairs(tmp_path, monkeypatch):
 def test_prefix_hit_from_the_store_prefills_the_heads_window_again(tmp_path, monkeypatch):
     """A prompt whose cached tokens come from the host prompt store finds no kept head state: the engine
     prefills the heads' window of cached positions again, and the proposer runs no target forward."""
-    from specdecode.runtime.target import Target
-
     plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
     prompt = [(7 * i) % 300 + 1 for i in range(300)]
     spec.generate(prompt, GREEDY)
     for j in range(3):  # three other prompts take every slot: prompt's entries move to the store
         spec.generate([(5 * i + j) % 300 + 2 for i in range(30)], GREEDY)
 
-    counts, original = [], Target.hidden_states  # counted, not raised: a failed step would be retried plainly
-
-    def counting(self, slot, tokens, start, end, *a, **kw):
-        counts.append(end - start)
-        return original(self, slot, tokens, start, end, *a, **kw)
-
-    monkeypatch.setattr(Target, "hidden_states", counting)
+    counts = recomputed_positions(monkeypatch)
     again = spec.generate(prompt, GREEDY)[0]
     assert spec.engine.prefix_cache.store.hit_tokens == len(prompt) - 1
     assert counts == [] and again.stats["spec"]["accepted_tokens"] > 0

@@ -84,3 +84,18 @@ def tiny_llm(spec_type: str = "none", draft_seed: int | None = None, model_type:
     name = {torch.float64: "float64", torch.float32: "float32"}[dtype]
     return LLM(spec_type=spec_type, dtype=name, max_model_len=400, max_num_seqs=max_num_seqs,
                _model=runner.model, _tokenizer=tok, _draft=draft, **spec_kw)
+
+
+def recomputed_positions(monkeypatch) -> list[int]:
+    """Records how many positions each Target.hidden_states call recomputes (counted, not refused: a
+    step that raised would be retried plainly by the engine's failure isolation, and pass)."""
+    from specdecode.runtime.target import Target
+
+    counts, original = [], Target.hidden_states
+
+    def counting(self, slot, tokens, start, end, *a, **kw):
+        counts.append(end - start)
+        return original(self, slot, tokens, start, end, *a, **kw)
+
+    monkeypatch.setattr(Target, "hidden_states", counting)
+    return counts
