@@ -198,11 +198,18 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
                 with BackgroundServer(create_app(engine, ["bench"])) as srv:
                     summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params,
                                                           progress=progress, reset=True))  # the warm-up's prompt too
-                for c, s in summary.items():
-                    runs[label].setdefault(c, []).append(s)
-                records += [{"config": label, **({"round": r + 1} if rounds > 1 else {}), **x} for x in recs]
+                records += _add_round(runs[label], summary, recs, label, r, rounds)
                 del engine  # its KV cache goes before the next one allocates its own
     return combine_rounds(runs), records
+
+
+def _add_round(runs: dict[int, list[dict]], summary: dict[int, dict], recs: list[dict], label: str, r: int,
+               rounds: int) -> list[dict]:
+    """Appends round r's level summaries to ``runs`` (level -> summaries in round order) and returns
+    its per-request records labelled with the configuration (and the round, when there are several)."""
+    for c, s in summary.items():
+        runs.setdefault(c, []).append(s)
+    return [{"config": label, **({"round": r + 1} if rounds > 1 else {}), **x} for x in recs]
 
 
 def combine_rounds(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, dict]]:
@@ -324,9 +331,7 @@ def _bench_running(a, prompts, levels, params, progress):
         for r in range(a.rounds):
             summary, recs = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress,
                                                   reset=not a.warm_levels))
-            for c, s in summary.items():
-                runs.setdefault(c, []).append(s)
-            records += [{"config": label, **({"round": r + 1} if a.rounds > 1 else {}), **x} for x in recs]
+            records += _add_round(runs, summary, recs, label, r, a.rounds)
     except httpx.HTTPError as e:
         raise SpecDecodeError(f"{url}: {e}") from None
     return combine_rounds({label: runs}), records
