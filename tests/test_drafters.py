@@ -156,6 +156,94 @@ def test_a_chain_members_record_fades_while_another_member_drafts():
     assert low < 0.3 and st.acceptance[0].alphas(1)[0] > 0.7
 
 
+def test_a_draftless_members_drafts_are_valued_by_their_evidence_class():
+    """A draftless member whose drafts come in two evidence classes, one always right and one always
+    wrong (as suffix's long and one-token matches): the chain learns each class apart and drafts only
+    the good one (one record for both would settle near 0.5, where both pay). A finished request's
+    class records become the next request's priors: its first draft of the wrong class is not tried."""
+    from types import SimpleNamespace
+
+    from specdecode.speculative.chain import ChainProposer
+    from specdecode.speculative.controller import best_rate
+    from specdecode.speculative.proposer import Proposer
+    from specdecode.speculative.tree import DraftTree
+
+    class Classed(Proposer):
+        draftless = True
+
+        def propose(self, seqs, max_tokens):
+            return [DraftTree([7], [-1], evidence=s.cls) for s in seqs]
+
+    chain = ChainProposer([Classed(), Classed()])  # two members: a chain (one member is itself)
+    chain.members[1].propose = lambda seqs, k: [DraftTree.empty() for _ in seqs]
+
+    def verify(t):
+        return 1.0 + 0.3 * (t - 1)
+
+    def value(alphas, cost, depth, k_max):
+        return best_rate(alphas, cost, verify, k_max, depth)
+
+    def step(seq, cls):
+        seq.cls = cls
+        chain.plan([seq], [1], value, verify=verify)
+        drafted = chain._st(seq).choice is not None
+        chain.observe(seq, int(drafted), int(drafted), int(drafted and cls == 2))
+        return drafted
+
+    seq = SimpleNamespace(draft_state=None, cls=0)
+    for i in range(40):
+        step(seq, 1 + i % 2)
+    assert [step(seq, 1), step(seq, 2)] == [False, True]
+    chain.release(seq)
+    fresh = SimpleNamespace(draft_state=None, cls=0)
+    assert [step(fresh, 1), step(fresh, 2)] == [False, True]
+
+
+@pytest.mark.parametrize("proposed", [False, True])
+def test_a_draftless_draft_that_is_not_verified_still_counts_in_its_record(proposed):
+    """In a batch where drafting does not pay, the engine verifies no draft, though each sequence's
+    plan chose a member (valued for that sequence alone). The draftless members' drafts are found and
+    never verified; the tokens each step emits still show them right or wrong, so their records move
+    (records fed by verified drafts alone would rest at the optimistic prior). ``proposed``: the step
+    asks the chain for drafts with a cap of 0 (a batch where others draft), or not at all."""
+    from types import SimpleNamespace
+
+    from specdecode.speculative.chain import ChainProposer
+    from specdecode.speculative.controller import best_rate
+    from specdecode.speculative.proposer import Proposer
+    from specdecode.speculative.tree import DraftTree
+
+    class Fixed(Proposer):
+        draftless = True
+
+        def __init__(self, token):
+            self.token = token
+
+        def propose(self, seqs, max_tokens):
+            return [DraftTree([self.token], [-1]) for _ in seqs]
+
+    chain = ChainProposer([Fixed(7), Fixed(8)])  # the target always emits 8
+
+    def value(verify):
+        return lambda alphas, cost, depth, k_max: best_rate(alphas, cost, verify, k_max, depth)
+
+    def cheap(t):
+        return 1.0 + 0.1 * (t - 1)
+
+    seq = SimpleNamespace(draft_state=None, tokens=[1, 2, 3])
+    for _ in range(30):
+        chain.plan([seq], [1], value(cheap), verify=cheap)
+        if proposed:
+            assert chain.propose([seq], [0])[0].tokens == []
+        seq.tokens.append(8)
+        chain.commit(seq, 0, None)
+        chain.observe(seq, 0, 0, 0)
+    st = chain._st(seq)
+    assert st.acceptance[0].alphas(1)[0] < 0.2 and st.acceptance[1].alphas(1)[0] > 0.9
+    chain.plan([seq], [1], value(cheap), verify=cheap)
+    assert st.choice == 1
+
+
 # -- merged drafts ----------------------------------------------------------------------------------
 
 def test_tree_union_shares_common_prefixes_and_keeps_its_limit():

@@ -7,7 +7,23 @@ request's records join when it finishes; see controller.py): a new request start
 achieved, not from the optimistic prior. Every record fades each step, the chosen member's or not, so a
 member that lost is tried again once its records have faded back. Draftless members (n-gram kinds,
 suffix) cost microseconds, so ``plan`` runs them first: one that finds a draft is a candidate valued on
-what it found (its record counts only steps where it drafted). Model members (a draft model, EAGLE, MTP)
+what it found (its record counts only steps where it drafted). Where a draftless member classes its
+drafts by their evidence (``DraftTree.evidence``: suffix's match length and branch frequency), a request
+keeps a record per class, whose prior is the class's engine-wide record (``class_pools``: fed by finished
+requests as a model member's pool): a one-token match and a repeated paragraph are not one drafter's
+average, and how often each class is right is the drafter's trait, while a record of all its drafts
+would take its prior from requests whose matches were of another kind. A class pool fades per finished
+request (CLASS_FADE), not per step: what it holds is a property of the drafter and the model, which a
+run of steps without releases (one long request, a batch whose requests all finish late) does not
+change; a class no request drafts any more still drifts back to the optimistic prior and is tried again.
+
+A draftless draft that is found but not verified (another member drafted, or the step decoded plainly)
+still counts in its record, as far as the step's emitted tokens show it right or wrong (``commit``: its
+match against them, censored at their number). Its drafter would otherwise learn only on the steps it
+drafts, and where drafting is dear (a full batch) it rarely does: its records then rest near the
+optimistic prior and it drafts as soon as the batch shrinks. A greedy target emits what verification
+would have accepted, and a sampled one draws each emitted token as verification would, so such an
+observation has the distribution of a verified one. Model members (a draft model, EAGLE, MTP)
 are valued on their record and measured cost without running them. The best candidate drafts if it beats
 plain decoding; otherwise the sequence decodes plainly this step. Every member sees every prefill,
 commit and release, so whichever is chosen next has its state up to date.
@@ -28,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Callable
 
-from .controller import AcceptanceEstimate
+from .controller import CLASS_FADE, AcceptanceEstimate
 from .proposer import Proposer
 from .tree import DraftTree
 
@@ -59,6 +75,11 @@ class _View:
 class _State:
     members: list  # each member's own draft_state
     acceptance: list[AcceptanceEstimate]  # each member's record for this request
+    evidence: list[dict[int, AcceptanceEstimate]]  # each member's records per evidence class (DraftTree.evidence)
+    cls: dict[int, int] = field(default_factory=dict)  # member -> the evidence class of its draft this step
+    unverified: dict[int, DraftTree] = field(default_factory=dict)  # draftless drafts found and not verified
+    seen: dict[int, tuple[int, int]] = field(default_factory=dict)  # member -> (positions seen, right) of those
+    proposed: bool = False  # propose() built this step's draft (else nothing planned was verified)
     choice: int | None = None  # the member drafting this step (None: plain decoding)
     ready: dict[int, DraftTree] = field(default_factory=dict)  # drafts the draftless members found this step
     # (draftless member, its leading nodes) whose draft joins the chosen model member's tree this step
@@ -82,13 +103,27 @@ class ChainProposer(Proposer):
         self._chosen: set[int] = set()
         # each model member's engine-wide record (None: a draftless member keeps the fixed prior)
         self.pools = [None if m.draftless else AcceptanceEstimate(prior=m.prior_acceptance) for m in self.members]
+        # each member's engine-wide record per evidence class: a class's prior for every request
+        self.class_pools: list[dict[int, AcceptanceEstimate]] = [{} for _ in self.members]
 
     # -- per-sequence state -----------------------------------------------------------------------
     def _st(self, seq) -> _State:
         if seq.draft_state is None:
             n = len(self.members)
-            seq.draft_state = _State([None] * n, [AcceptanceEstimate(pool=p) for p in self.pools])
+            seq.draft_state = _State([None] * n, [AcceptanceEstimate(pool=p) for p in self.pools], [{} for _ in range(n)])
         return seq.draft_state
+
+    def _record(self, st: _State, i: int) -> AcceptanceEstimate:
+        """Member i's record for this request that values (and then observes) its draft this step: the
+        record of the draft's evidence class where it has one, else the member's record."""
+        c = st.cls.get(i, 0)
+        if not c:
+            return st.acceptance[i]
+        rec = st.evidence[i].get(c)
+        if rec is None:
+            pool = self.class_pools[i].setdefault(c, AcceptanceEstimate())
+            rec = st.evidence[i][c] = AcceptanceEstimate(pool=pool)
+        return rec
 
     def _view(self, seq, i: int) -> _View:
         return _View(seq, self._st(seq).members, i)
@@ -107,16 +142,18 @@ class ChainProposer(Proposer):
                 p.decay()
         for seq, room in zip(seqs, rooms):
             st = self._st(seq)
-            st.choice, st.ready, st.merged, st.room, st.own, st.matched = None, {}, None, room, None, {}
+            st.choice, st.ready, st.merged, st.room, st.own, st.matched, st.cls = None, {}, None, room, None, {}, {}
+            st.unverified, st.seen, st.proposed = {}, {}, False
             if room <= 0:
                 continue
             if fixed:
                 self._fixed_choice(seq, st, room)
             else:
                 self._valued_choice(seq, st, room, n, value, verify)
-            for i in st.ready:
+            for i, tree in st.ready.items():
                 if i != st.choice and (st.merged is None or i != st.merged[0]):
                     self.members[i].discard(self._view(seq, i))
+                    st.unverified[i] = tree
             if st.choice is not None:
                 self._chosen.add(st.choice)
 
@@ -126,6 +163,8 @@ class ChainProposer(Proposer):
         tree = m.propose([self._view(seq, i)], [min(room, m.max_tokens)])[0]
         if len(tree):
             st.ready[i] = tree
+            if tree.evidence:
+                st.cls[i] = tree.evidence
         return bool(len(tree))
 
     def _fixed_choice(self, seq, st: _State, room: int) -> None:
@@ -152,7 +191,7 @@ class ChainProposer(Proposer):
                 k_max = min(len(st.ready[i]), room)
             else:
                 k_max = min(room, m.max_tokens)
-            rate, k = value(st.acceptance[i].alphas(m.depth(k_max)), m.draft_cost(n), m.depth, k_max)
+            rate, k = value(self._record(st, i).alphas(m.depth(k_max)), m.draft_cost(n), m.depth, k_max)
             if rate > best_rate:
                 best, best_rate, best_k = i, rate, k
         st.choice = best
@@ -160,10 +199,10 @@ class ChainProposer(Proposer):
             return
         m = self.members[best]
         d, cost = m.depth(best_k), m.draft_cost(n) * m.depth(best_k)
-        base = _reach(st.acceptance[best].alphas(d))
+        base = _reach(self._record(st, best).alphas(d))
         for i, tree in st.ready.items():
             depths = tree.depths()
-            ps = _reach(st.acceptance[i].alphas(max(depths)))
+            ps = _reach(self._record(st, i).alphas(max(depths)))
             for j in range(1, min(len(tree), room - best_k) + 1):
                 gain = 1.0 + sum(_either(base, ps[:max(depths[:j])]))
                 rate = gain / (cost + verify(best_k + j + 1))
@@ -175,29 +214,35 @@ class ChainProposer(Proposer):
         if st.choice is None:
             return []
         m = self.members[st.choice]
-        alphas = st.acceptance[st.choice].alphas(m.depth(k))
+        alphas = self._record(st, st.choice).alphas(m.depth(k))
         if st.choice in st.ready:  # positions beyond what was found gain nothing
             alphas = alphas[:m.depth(len(st.ready[st.choice]))]
         if st.merged is not None:  # the union reaches position d if either draft does (see the module doc)
             i, j = st.merged
             tree = st.ready[i]
-            other = _reach(st.acceptance[i].alphas(max(tree.depths()[:j])))
+            other = _reach(self._record(st, i).alphas(max(tree.depths()[:j])))
             reach = _either(_reach(alphas), other)
             alphas = [r / q if q > 0 else 0.0 for r, q in zip(reach, [1.0] + reach)]
         return alphas
 
     def observe(self, seq, k: int, drafted: int, accepted: int) -> None:
         st = self._st(seq)
-        for i, (m, est) in enumerate(zip(self.members, st.acceptance)):
+        for i, m in enumerate(self.members):
             d, a = 0, 0
             if i in st.matched:  # a merged step: each member's own draft and its own match
                 d, a = max((st.own if i == st.choice else st.ready[i]).depths(), default=0), st.matched[i]
             elif i == st.choice:
                 d, a = drafted, accepted
             if d:
-                est.observe(d if m.draftless or not m.chain_drafts else max(k, d), a)
-            else:
-                est.rest()
+                d = d if m.draftless or not m.chain_drafts else max(k, d)
+            elif i in st.seen:  # a draft found and not verified, judged by what the step emitted
+                d, a = st.seen[i]
+            drafting = self._record(st, i) if d else None
+            for est in (st.acceptance[i], *st.evidence[i].values()):  # the others rest
+                if est is drafting:
+                    est.observe(d, a)
+                else:
+                    est.rest()
 
     def drafted_by(self, seq) -> str:
         st = self._st(seq)
@@ -226,8 +271,10 @@ class ChainProposer(Proposer):
             if st.choice is None or k <= 0:  # plain decoding this step: nothing found is verified
                 for i in st.ready:
                     self.members[i].discard(self._view(seq, i))
+                st.unverified.update(st.ready)
                 st.choice, st.ready, st.merged, st.own, st.matched = None, {}, None, None, {}
                 continue
+            st.proposed = True
             if st.choice in st.ready:  # the first k nodes of a tree are closed under ancestors
                 t = st.ready[st.choice]
                 trees[b] = DraftTree(t.tokens[:k], t.parents[:k], None if t.draft_probs is None else t.draft_probs[:k])
@@ -268,6 +315,13 @@ class ChainProposer(Proposer):
             accepted = seq.tokens[-1 - num_accepted:-1]  # the draft tokens past the root
             i = st.merged[0]
             st.matched = {st.choice: st.own.match(accepted), i: st.ready[i].match(accepted)}
+        if not st.proposed:  # the step drafted nothing for seq: no draft plan found was verified
+            st.unverified.update(st.ready)
+        if st.unverified:  # what the step emitted after the root: accepted draft tokens and the target's
+            emitted = seq.tokens[-1 - num_accepted:]
+            for i, tree in st.unverified.items():
+                seen = min(max(tree.depths()), len(emitted))
+                st.seen[i] = (seen, min(tree.match(emitted), seen))
         for i, m in enumerate(self.members):
             if i == st.choice:
                 n = num_accepted  # what the sequence now holds past the root, whoever drafted it
@@ -281,6 +335,11 @@ class ChainProposer(Proposer):
         for pool, est in zip(self.pools, seq.draft_state.acceptance):
             if pool is not None:
                 pool.absorb(est)
+        for pools, records in zip(self.class_pools, seq.draft_state.evidence):
+            for pool in pools.values():
+                pool.fade(CLASS_FADE)
+            for c, est in records.items():
+                pools[c].absorb(est)
         for i, m in enumerate(self.members):
             m.release(self._view(seq, i))
         seq.draft_state = None

@@ -44,6 +44,7 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
 DECAY = 0.97  # per-step decay of the counts (≈ the last 30 steps matter)
 BACKOFF_MAX = 2  # a model drafter's idle fading slows at most 2**2-fold after rejected probes
 EMA = 0.2  # weight of a new cost measurement
+CLASS_FADE = 0.9  # an evidence class's engine-wide record fades this much per finished request (chain.py)
 GATE_WINDOW = 24  # steps of a batch size over which the gate compares speculation with plain decoding
 GATE_PAUSE = 16  # plain steps of that batch size after a losing window; doubling per loss in a row,
 GATE_BACKOFF_MAX = 2  # up to 2**2-fold (64 steps), which bounds how late a drafter that starts to pay is found
@@ -101,13 +102,13 @@ class AcceptanceEstimate:
         """A step this drafter did not draft: the counts fade, 2**misses times slower (capped) for a
         model drafter's record (see the module docstring)."""
         slow = 0.5 ** min(self.misses, BACKOFF_MAX) if self.pool is not None else 1.0
-        self._fade(DECAY ** slow)
+        self.fade(DECAY ** slow)
 
     def decay(self) -> None:
         """One step's fading of the counts: they drift back to the prior."""
-        self._fade(DECAY)
+        self.fade(DECAY)
 
-    def _fade(self, factor: float) -> None:
+    def fade(self, factor: float) -> None:
         self.tries = [x * factor for x in self.tries]
         self.hits = [x * factor for x in self.hits]
 

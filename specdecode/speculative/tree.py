@@ -4,7 +4,9 @@ Node i carries ``tokens[i]``; ``parents[i]`` is its parent node (-1 = the root, 
 committed token, which is fed to the target again in the verify forward). Parents always come before
 their children (parents[i] < i). ``draft_probs[i]`` [V] is the distribution tokens[i] was sampled
 from (siblings sampled i.i.d. share the same row values); ``draft_probs is None`` means every token
-was chosen deterministically (n-gram, argmax, top-k), i.e. a one-hot q."""
+was chosen deterministically (n-gram, argmax, top-k), i.e. a one-hot q. ``evidence``: a draftless drafter's
+class of what the draft rests on (suffix: how long a context match, how frequent its first branch), 0 when it
+gives none; a chain keeps an acceptance record per class (speculative/chain.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ class DraftTree:
     tokens: list[int]
     parents: list[int]
     draft_probs: torch.Tensor | None = None  # [n, V] float32, or None (deterministic draft)
+    evidence: int = 0
 
     def __post_init__(self):
         assert len(self.tokens) == len(self.parents)
