@@ -180,8 +180,8 @@ def test_a_draftless_members_drafts_are_valued_by_their_evidence_class():
     def verify(t):
         return 1.0 + 0.3 * (t - 1)
 
-    def value(alphas, cost, depth, k_max):
-        return best_rate(alphas, cost, verify, k_max, depth)
+    def value(alphas, cost, depth, k_max, catch_up=0.0):
+        return best_rate(alphas, cost, verify, k_max, depth, catch_up)
 
     def step(seq, cls):
         seq.cls = cls
@@ -225,7 +225,7 @@ def test_a_draftless_draft_that_is_not_verified_still_counts_in_its_record(propo
     chain = ChainProposer([Fixed(7), Fixed(8)])  # the target always emits 8
 
     def value(verify):
-        return lambda alphas, cost, depth, k_max: best_rate(alphas, cost, verify, k_max, depth)
+        return lambda alphas, cost, depth, k_max, catch_up=0.0: best_rate(alphas, cost, verify, k_max, depth, catch_up)
 
     def cheap(t):
         return 1.0 + 0.1 * (t - 1)
@@ -288,7 +288,7 @@ def _step(chain, seq, verify, truth):
     """One planned, proposed, verified (greedy, against ``truth``) and committed step of ``chain``."""
     from specdecode.speculative.controller import best_rate
 
-    chain.plan([seq], [8], lambda a, c, d, k: best_rate(a, c, verify, k, d), verify=verify)
+    chain.plan([seq], [8], lambda a, c, d, k, x=0.0: best_rate(a, c, verify, k, d, x), verify=verify)
     tree = chain.propose([seq], [3])[0]
     accepted = tree.match(truth)
     seq.tokens = seq.tokens + truth[:accepted + 1]

@@ -263,8 +263,8 @@ class Engine:
                 priced[t] = self.costs.verify_cost(batch, t)
             return priced[t]
 
-        def value(alphas, cost, depth, k_max):
-            return best_rate(alphas, cost, verify, k_max, depth)
+        def value(alphas, cost, depth, k_max, catch_up=0.0):
+            return best_rate(alphas, cost, verify, k_max, depth, catch_up)
 
         if spec.draft_fixed:
             prop.plan(seqs, rooms, value, fixed=True, verify=verify)
@@ -276,7 +276,7 @@ class Engine:
         prop.plan(seqs, rooms, value, verify=verify)
         alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]
         k = choose_batch_draft_length(alphas, prop.draft_cost(batch), verify, max(rooms), spec.draft_min,
-                                      depth=prop.depth)
+                                      depth=prop.depth, catch_up=prop.catch_up_cost(seqs))
         self._gated = False
         return [min(k, r) for r in rooms]
 

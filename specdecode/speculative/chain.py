@@ -132,8 +132,8 @@ class ChainProposer(Proposer):
     def plan(self, seqs, rooms: list[int], value: Callable, fixed: bool = False,
              verify: Callable[[int], float] | None = None) -> None:
         """Chooses each sequence's member for this step, and whether a draftless draft joins it.
-        value(alphas, cost, depth, k_max) -> (tokens per second of the best draft length up to k_max,
-        that length); k = 0 is plain decoding. verify(t): the batch's verify forward over t tokens per
+        value(alphas, cost, depth, k_max, catch_up) -> (tokens per second of the best draft length up to
+        k_max, that length); k = 0 is plain decoding; catch_up: a one-off cost of drafting at all. verify(t): the batch's verify forward over t tokens per
         row (None: no merging)."""
         n = len(seqs)
         self._chosen = set()
@@ -189,16 +189,19 @@ class ChainProposer(Proposer):
                 if not self._find(seq, st, i, room):
                     continue
                 k_max = min(len(st.ready[i]), room)
+                catch_up = 0.0
             else:
                 k_max = min(room, m.max_tokens)
-            rate, k = value(self._record(st, i).alphas(m.depth(k_max)), m.draft_cost(n), m.depth, k_max)
+                catch_up = m.catch_up_cost([self._view(seq, i)])
+            rate, k = value(self._record(st, i).alphas(m.depth(k_max)), m.draft_cost(n), m.depth, k_max, catch_up)
             if rate > best_rate:
                 best, best_rate, best_k = i, rate, k
         st.choice = best
         if best is None or self.members[best].draftless or not st.ready or verify is None or self.merge == "off":
             return
         m = self.members[best]
-        d, cost = m.depth(best_k), m.draft_cost(n) * m.depth(best_k)
+        d = m.depth(best_k)
+        cost = m.draft_cost(n) * d + m.catch_up_cost([self._view(seq, best)])
         base = _reach(self._record(st, best).alphas(d))
         for i, tree in st.ready.items():
             depths = tree.depths()
@@ -254,6 +257,10 @@ class ChainProposer(Proposer):
 
     def draft_cost(self, n_seqs: int = 1) -> float:
         return max((self.members[i].draft_cost(n_seqs) for i in self._chosen), default=0.0)
+
+    def catch_up_cost(self, seqs) -> float:
+        return sum(self.members[st.choice].catch_up_cost([self._view(seq, st.choice)])
+                   for seq in seqs for st in [self._st(seq)] if st.choice is not None)
 
     def depth(self, k: int) -> int:
         return max((self.members[i].depth(k) for i in self._chosen), default=k)

@@ -186,7 +186,8 @@ class CostModel:
 
 
 def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
-                            k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> tuple[float, int]:
+                            k_min: int = 0, depth: Callable[[int], int] = lambda k: k,
+                            catch_up: float = 0.0) -> tuple[float, int]:
     """(rate, k): the batch's best expected tokens per second and the draft length giving it, for one
     draft length shared by a batch verified in one forward: argmax_k sum_b E_b(depth(k)) / C(k),
     over k in {0} ∪ [max(k_min, 1), k_max]; k = 0 is plain decoding, B / v(1).
@@ -199,21 +200,23 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     k (less room left) caps that sequence's draft at its length. depth(k): the positions a draft of
     k tokens reaches and the drafting units it costs (a chain: k; a tree: at most its depth, its
     other nodes are siblings). draft_cost: one batched drafting unit; verify_cost(t): the batch's
-    forward over t tokens per row. One sequence: E(k)/C(k)."""
+    forward over t tokens per row; catch_up: seconds any draft this step costs once, whatever its length
+    (a head feeding the entries it missed while idle: ``Proposer.catch_up_cost``). One sequence:
+    E(k)/C(k)."""
     best_k, best = 0, len(alphas) / verify_cost(1)
     gain = [_gains(a) for a in alphas]  # gain[b][d]: E_b over d positions (d capped at len(a))
     for k in range(max(1, k_min), k_max + 1):
         d = depth(k)
-        rate = sum(g[min(d, len(g) - 1)] for g in gain) / (d * draft_cost + verify_cost(k + 1))
+        rate = sum(g[min(d, len(g) - 1)] for g in gain) / (d * draft_cost + verify_cost(k + 1) + catch_up)
         if rate > best:
             best_k, best = k, rate
     return best, best_k
 
 
 def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,
-                              k_min: int = 0, depth: Callable[[int], int] = lambda k: k) -> int:
+                              k_min: int = 0, depth: Callable[[int], int] = lambda k: k, catch_up: float = 0.0) -> int:
     """The draft length of best_batch_draft_length."""
-    return best_batch_draft_length(alphas, draft_cost, verify_cost, k_max, k_min, depth)[1]
+    return best_batch_draft_length(alphas, draft_cost, verify_cost, k_max, k_min, depth, catch_up)[1]
 
 
 def _gains(a: list[float]) -> list[float]:
@@ -226,10 +229,10 @@ def _gains(a: list[float]) -> list[float]:
 
 
 def best_rate(alphas: list[float], draft_cost: float, verify_cost, k_max: int,
-              depth: Callable[[int], int] = lambda k: k) -> tuple[float, int]:
+              depth: Callable[[int], int] = lambda k: k, catch_up: float = 0.0) -> tuple[float, int]:
     """One sequence's best (expected tokens per second, draft length k) over k in [0, k_max]; k = 0 is
     plain decoding, 1 / v(1). Used to compare drafters for a sequence (speculative/chain.py)."""
-    return best_batch_draft_length([alphas], draft_cost, verify_cost, k_max, 0, depth)
+    return best_batch_draft_length([alphas], draft_cost, verify_cost, k_max, 0, depth, catch_up)
 
 
 class DraftCost:

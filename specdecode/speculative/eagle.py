@@ -32,7 +32,7 @@ from ..models.eagle import EagleHead
 from ..runtime.context import Context, use_context
 from ..runtime.kv_cache import KVCache
 from ..runtime.target import Target
-from .controller import DraftCost
+from .controller import DraftCost, ema
 from .kept import KeptStates
 from .proposer import Proposer
 from .tree import DraftTree
@@ -80,6 +80,7 @@ class EagleProposer(Proposer):
                           c.num_kv_heads, c.head_dim, target.dtype, target.device)
         self.timer = target.timer
         self._step_cost = DraftCost(self._calibrate)  # seconds per tree level
+        self._entry_cost: float | None = None  # measured seconds per entry fed (a row of _feed_pending's forward)
         self._kept = KeptStates(lambda st: self.kv.free(st.slot))
 
     def depth(self, k: int) -> int:
@@ -207,11 +208,16 @@ class EagleProposer(Proposer):
         t0 = self.timer.now()
         states = [seqs[b].draft_state for b in rows]
         pending = [i for i, st in enumerate(states) if st.feats is not None]
-        # more than one verify commits (root + a path of at most num_steps): a catch-up after steps
-        # the head did not draft, a one-off cost that is not a tree level's
-        catch_up = any(len(states[i].feats) > self.spec.num_steps + 1 for i in pending)
-        if pending:
-            self._feed_pending([seqs[rows[i]] for i in pending], [states[i] for i in pending])
+        # More than one verify commits (root + a path of at most num_steps): a catch-up after steps the
+        # head did not draft, a one-off cost that is not a tree level's (catch_up_cost prices it). Each
+        # is fed alone: one forward pads every row to the longest, and the others have a few entries.
+        long = [i for i in pending if len(states[i].feats) > self.spec.num_steps + 1]
+        for i in long:
+            self._feed_pending([seqs[rows[i]]], [states[i]])
+        short = [i for i in pending if i not in long]
+        if short:
+            self._feed_pending([seqs[rows[i]] for i in short], [states[i] for i in short])
+        catch_up = bool(long)
         x_last = torch.stack([st.last for st in states])
         keep = [min(max_tokens[b], self.max_tokens) for b in rows]
         steps = min(self.spec.num_steps, max(keep))
@@ -228,6 +234,7 @@ class EagleProposer(Proposer):
         h, dev = self.head, self.head.device
         n = [len(st.feats) for st in states]
         T, B = max(n), len(states)
+        t0 = self.timer.now()
         ids = torch.zeros(B, T, dtype=torch.long)
         pos = torch.zeros(B, T, dtype=torch.long)
         feats = torch.zeros(B, T, states[0].feats.shape[-1], dtype=states[0].feats.dtype, device=dev)
@@ -244,6 +251,8 @@ class EagleProposer(Proposer):
             st.feats = st.buf = None
             st.last = x[b, k - 1].clone()  # not a view that keeps the whole forward's output
             self.kv.set_length(st.slot, st.fed)
+        if T > self.spec.num_steps + 1:  # a prompt chunk or a catch-up: what an entry costs in bulk
+            self._entry_cost = ema(self._entry_cost, (self.timer.now() - t0) / (B * T))
 
     def _grow(self, x_last: torch.Tensor, states, root_pos: list[int], steps: int) -> list[list[tuple]]:
         """EAGLE-2 expansion for B rows at once. Returns per row the candidates in creation order as
@@ -288,6 +297,13 @@ class EagleProposer(Proposer):
         return cands
 
     # -- cost ------------------------------------------------------------------------------------
+    def catch_up_cost(self, seqs) -> float:
+        """The entries a proposal would feed first, beyond one verify's commit (those are part of a
+        tree level's measured cost), at the measured cost of an entry fed in bulk."""
+        n = sum(len(st.feats) for seq in seqs for st in [seq.draft_state]
+                if st is not None and st.feats is not None and len(st.feats) > self.spec.num_steps + 1)
+        return n * (self._entry_cost or 0.0)
+
     def draft_cost(self, n_seqs: int = 1) -> float:
         """Seconds per drafted node: a head forward per tree level, spread over the nodes kept."""
         n = self.max_tokens

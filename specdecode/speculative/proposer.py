@@ -62,6 +62,10 @@ class Proposer:
       cache may keep it for the slot's next request instead: speculative/kept.py).
     - ``draft_cost(n_seqs)``: measured seconds per drafting unit for a batch of n_seqs (0 for free
       drafters); the draft-length controller weighs it against the target's verify cost.
+      ``catch_up_cost(seqs)``: seconds a draft for these sequences would spend once before drafting,
+      bringing the drafter up to date with what it skipped (a head's entries left unfed while it did
+      not draft); the controller adds it to the step's cost, so a drafter idle for long is chosen
+      again only where its expected gain covers that.
     - ``depth(k)``: the positions a draft of k tokens reaches and the drafting units it costs (k for a
       chain; a tree's k nodes reach at most its depth): the controller counts gains and drafting
       costs over depth(k) positions, and verify costs over k + 1 rows.
@@ -104,6 +108,9 @@ class Proposer:
         pass
 
     def draft_cost(self, n_seqs: int = 1) -> float:
+        return 0.0
+
+    def catch_up_cost(self, seqs: list[SeqView]) -> float:
         return 0.0
 
     def depth(self, k: int) -> int:
