@@ -519,6 +519,37 @@ def test_prompt_is_fed_to_the_head_during_prefill_and_a_catch_up_is_no_level_cos
     assert len(observed) == len(seen) - 1  # every proposal but the catch-up measured its levels
 
 
+def test_a_catch_up_is_fed_one_sequence_at_a_time_and_priced(monkeypatch):
+    """After steps in which the head did not draft, each sequence's missed entries are fed in a forward
+    of its own (one forward pads every row to the longest); before that, catch_up_cost prices them at
+    the measured cost of an entry fed in bulk. Greedy output stays plain decoding's."""
+    m = target(bigram=True)
+    eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
+    e, prop = eng.engine, eng.engine.proposer
+    feeds, priced, steps, drafting = [], [], iter(range(1000)), e._draft_lengths
+    feed, propose = prop._feed_pending, prop.propose
+
+    def recording_feed(seqs, states):
+        feeds.append((len(states), max(len(st.feats) for st in states)))
+        return feed(seqs, states)
+
+    def recording_propose(seqs, ks):
+        pending = sum(len(s.draft_state.feats) for s in seqs if s.draft_state.feats is not None
+                      and len(s.draft_state.feats) > 3 + 1)
+        priced.append((prop.catch_up_cost(seqs), pending * (prop._entry_cost or 0.0)))
+        return propose(seqs, ks)
+
+    monkeypatch.setattr(prop, "_feed_pending", recording_feed)
+    monkeypatch.setattr(prop, "propose", recording_propose)
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if 1 <= next(steps) <= 8 else drafting(seqs))
+    outs = eng.generate(PROMPTS[:2], GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in llm(m).generate(PROMPTS[:2], GREEDY)]
+    catch_ups = [(b, t) for b, t in feeds if t > 3 + 1][2:]  # after the two prompts' own feeds
+    assert catch_ups and all(b == 1 for b, _ in catch_ups)
+    assert priced[1][0] > 0 and priced[1][0] == pytest.approx(priced[1][1])  # the first proposal after the idle steps
+    assert all(c == pytest.approx(want) for c, want in priced)
+
+
 def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
     """Steps in which the head does not draft leave their features pending; past twice PROMPT_WINDOW
     the head keeps the newest PROMPT_WINDOW and restarts there, and its drafts stay lossless."""
