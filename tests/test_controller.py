@@ -18,12 +18,13 @@ def test_choice_follows_costs_and_acceptance():
 
 def test_a_one_off_catch_up_cost_must_be_covered_by_the_step():
     """A drafter that must first catch up (a head feeding the entries it skipped) drafts only where the
-    step's expected gain covers that cost once: E(3)/(v(4) + c) against 1/v(1)."""
+    step's expected gain covers that cost, spread over CATCH_UP_STEPS steps: E(k)/(v(k + 1) + c / 8)
+    against 1/v(1)."""
     v = {1: 1.0, 2: 1.18, 3: 1.38, 4: 1.7, 5: 2.5}.__getitem__
     sure, fair = [0.9] * 4, [0.5] * 4
     assert choose_batch_draft_length([fair], 0.0, v, 4) == 1  # 1.5 / 1.18 = 1.27 per unit of v(1)
-    assert choose_batch_draft_length([fair], 0.0, v, 4, catch_up=0.5) == 0  # 1.5 / 1.68, 1.75 / 1.88 < 1
-    assert choose_batch_draft_length([sure], 0.0, v, 4, catch_up=0.5) == 3  # 3.44 / 2.2 = 1.56
+    assert choose_batch_draft_length([fair], 0.0, v, 4, catch_up=8 * 0.5) == 0  # 1.5 / 1.68, 1.75 / 1.88 < 1
+    assert choose_batch_draft_length([sure], 0.0, v, 4, catch_up=8 * 0.5) == 3  # 3.44 / 2.2 = 1.56
 
 
 def test_batch_shares_one_draft_length():

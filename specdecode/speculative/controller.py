@@ -44,6 +44,7 @@ PRIOR_WEIGHT = 2.0  # pseudo-observations behind the prior
 DECAY = 0.97  # per-step decay of the counts (≈ the last 30 steps matter)
 BACKOFF_MAX = 2  # a model drafter's idle fading slows at most 2**2-fold after rejected probes
 EMA = 0.2  # weight of a new cost measurement
+CATCH_UP_STEPS = 8  # steps a drafter's one-off catch-up is spread over when it is priced
 CLASS_FADE = 0.9  # an evidence class's engine-wide record fades this much per finished request (chain.py)
 GATE_WINDOW = 24  # steps of a batch size over which the gate compares speculation with plain decoding
 GATE_PAUSE = 16  # plain steps of that batch size after a losing window; doubling per loss in a row,
@@ -201,9 +202,12 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     k tokens reaches and the drafting units it costs (a chain: k; a tree: at most its depth, its
     other nodes are siblings). draft_cost: one batched drafting unit; verify_cost(t): the batch's
     forward over t tokens per row; catch_up: seconds any draft this step costs once, whatever its length
-    (a head feeding the entries it missed while idle: ``Proposer.catch_up_cost``). One sequence:
-    E(k)/C(k)."""
+    (a head feeding the entries it missed while idle: ``Proposer.catch_up_cost``), priced as spread over
+    CATCH_UP_STEPS steps: it buys the drafter every later step too, but the request may end or its text
+    change before that pays back (priced whole, a head idle for long would never be chosen again: its
+    bounded window of missed entries costs about two steps to feed). One sequence: E(k)/C(k)."""
     best_k, best = 0, len(alphas) / verify_cost(1)
+    catch_up /= CATCH_UP_STEPS
     gain = [_gains(a) for a in alphas]  # gain[b][d]: E_b over d positions (d capped at len(a))
     for k in range(max(1, k_min), k_max + 1):
         d = depth(k)
