@@ -523,3 +523,31 @@ done
 # the server in three rounds, configurations in turns (bench-serve --rounds, new)
 specdecode bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
   --rounds 3
+
+# ---------------------------------------------------------------------------------------------------
+# Round 25 (Intel Xeon fam 6 model 207, 2 cores): a suffix draft's evidence class, drafts found and not
+# verified scored against the emitted tokens, a head's catch-up fed alone and priced. "Before" is 86d0cc3
+# (round 24's last commit) in a second worktree.
+git worktree add /tmp/wt_base 86d0cc3
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# the cost of verify rows in a full batch; suffix's acceptance by evidence (on the code before: the script copied
+# into the worktree); the per-step logs were throwaway wrappers of Engine.step / ModelRunner.forward
+python scripts/bench_batch_rows.py --batch 8
+cp scripts/suffix_evidence_probe.py /tmp/wt_base/scripts/ && (cd /tmp/wt_base && python scripts/suffix_evidence_probe.py --requests 48 --prompts $P)
+python scripts/suffix_evidence_probe.py --requests 48 --prompts $P
+for i in 1 2; do
+  for wt in /tmp/wt_base $PWD; do
+    (cd $wt && python scripts/bench_batch_drafters.py --spec-types none,auto --prompts $P)
+  done
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 --prompts $P)
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --category extraction --category translation \
+    --limit 5 --max-tokens 128 --turns 1 --prompts $P)
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --rounds 3 --prompts $P)
+done
