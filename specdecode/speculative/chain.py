@@ -133,8 +133,8 @@ class ChainProposer(Proposer):
              verify: Callable[[int], float] | None = None) -> None:
         """Chooses each sequence's member for this step, and whether a draftless draft joins it.
         value(alphas, cost, depth, k_max, catch_up) -> (tokens per second of the best draft length up to
-        k_max, that length); k = 0 is plain decoding; catch_up: a one-off cost of drafting at all. verify(t): the batch's verify forward over t tokens per
-        row (None: no merging)."""
+        k_max, that length); k = 0 is plain decoding; catch_up: a one-off cost of drafting at all.
+        verify(t): the batch's verify forward over t tokens per row (None: no merging)."""
         n = len(seqs)
         self._chosen = set()
         for p in self.pools:  # once per engine step
