@@ -77,9 +77,8 @@ class _State:
     acceptance: list[AcceptanceEstimate]  # each member's record for this request
     evidence: list[dict[int, AcceptanceEstimate]]  # each member's records per evidence class (DraftTree.evidence)
     cls: dict[int, int] = field(default_factory=dict)  # member -> the evidence class of its draft this step
-    unverified: dict[int, DraftTree] = field(default_factory=dict)  # draftless drafts found and not verified
     seen: dict[int, tuple[int, int]] = field(default_factory=dict)  # member -> (positions seen, right) of those
-    proposed: bool = False  # propose() built this step's draft (else nothing planned was verified)
+    proposed: bool = False  # propose() built this step's draft (else none of ``ready`` was verified)
     choice: int | None = None  # the member drafting this step (None: plain decoding)
     ready: dict[int, DraftTree] = field(default_factory=dict)  # drafts the draftless members found this step
     # (draftless member, its leading nodes) whose draft joins the chosen model member's tree this step
@@ -143,17 +142,16 @@ class ChainProposer(Proposer):
         for seq, room in zip(seqs, rooms):
             st = self._st(seq)
             st.choice, st.ready, st.merged, st.room, st.own, st.matched, st.cls = None, {}, None, room, None, {}, {}
-            st.unverified, st.seen, st.proposed = {}, {}, False
+            st.seen, st.proposed = {}, False
             if room <= 0:
                 continue
             if fixed:
                 self._fixed_choice(seq, st, room)
             else:
                 self._valued_choice(seq, st, room, n, value, verify)
-            for i, tree in st.ready.items():
+            for i in st.ready:
                 if i != st.choice and (st.merged is None or i != st.merged[0]):
                     self.members[i].discard(self._view(seq, i))
-                    st.unverified[i] = tree
             if st.choice is not None:
                 self._chosen.add(st.choice)
 
@@ -278,8 +276,7 @@ class ChainProposer(Proposer):
             if st.choice is None or k <= 0:  # plain decoding this step: nothing found is verified
                 for i in st.ready:
                     self.members[i].discard(self._view(seq, i))
-                st.unverified.update(st.ready)
-                st.choice, st.ready, st.merged, st.own, st.matched = None, {}, None, None, {}
+                st.choice, st.merged, st.own, st.matched = None, None, None, {}  # ready stays: commit judges it
                 continue
             st.proposed = True
             if st.choice in st.ready:  # the first k nodes of a tree are closed under ancestors
@@ -322,11 +319,12 @@ class ChainProposer(Proposer):
             accepted = seq.tokens[-1 - num_accepted:-1]  # the draft tokens past the root
             i = st.merged[0]
             st.matched = {st.choice: st.own.match(accepted), i: st.ready[i].match(accepted)}
-        if not st.proposed:  # the step drafted nothing for seq: no draft plan found was verified
-            st.unverified.update(st.ready)
-        if st.unverified:  # what the step emitted after the root: accepted draft tokens and the target's
+        # the drafts plan found that this step did not verify (all of them where propose built nothing)
+        verified = {st.choice, st.merged and st.merged[0]} if st.proposed else set()
+        unverified = {i: tree for i, tree in st.ready.items() if i not in verified}
+        if unverified:  # what the step emitted after the root: accepted draft tokens and the target's
             emitted = seq.tokens[-1 - num_accepted:]
-            for i, tree in st.unverified.items():
+            for i, tree in unverified.items():
                 seen = min(max(tree.depths()), len(emitted))
                 st.seen[i] = (seen, min(tree.match(emitted), seen))
         for i, m in enumerate(self.members):
