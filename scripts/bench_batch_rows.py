@@ -1,7 +1,8 @@
 """What verify rows cost in a batch: packed forwards of --batch sequences (each over a --context-token
-prefix) with 0 .. batch + 2 extra rows (one drafted token on the first sequences, then a second), medians
-of --reps. At batch 8 a drafted token adds 1/8 of the step's tokens if accepted, so its row pays only
-where it costs less than that times its acceptance.
+prefix) with 0 .. batch + 2 extra rows (one drafted token on the first sequences, then a second) and
+their greedy argmaxes, as a greedy speculative step runs them, medians of --reps. At batch 8 a drafted
+token adds 1/8 of the step's tokens if accepted, so its row pays only where it costs less than that
+times its acceptance.
 
     python scripts/bench_batch_rows.py --batch 8
 """
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def main() -> int:
     from specdecode.llm import LLM
+    from specdecode.sampling import argmax_rows
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -40,7 +42,7 @@ def main() -> int:
         for extra in range(a.batch + 3):  # rows in turns, so drift reaches them alike
             rows = [[5] * (1 + (b < extra) + (b < extra - a.batch)) for b in range(a.batch)]
             t0 = time.perf_counter()
-            run.forward(slots, rows, row_exact=True)
+            argmax_rows(run.forward(slots, rows, row_exact=True, packed_logits=True)[0])
             times.setdefault(a.batch + extra, []).append(time.perf_counter() - t0)
     base = statistics.median(times[a.batch])
     for rows, ts in times.items():

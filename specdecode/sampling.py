@@ -11,7 +11,18 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from .kernels import native_kernels
 from .sampling_params import SamplingParams
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] -> int64 [N]: each row's argmax, the first index of its maximum (torch.argmax's
+    rule, NaN included). The greedy token of every row, computed natively on the CPU where it can be."""
+    k = native_kernels()
+    if k is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(-1) == 1 \
+            and logits.dim() == 2:
+        return k.argmax_rows(logits)
+    return logits.argmax(-1)
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[SamplingParams]) -> torch.Tensor:

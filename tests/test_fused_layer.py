@@ -146,3 +146,10 @@ def test_a_ragged_batch_runs_its_layers_on_its_real_rows_only(monkeypatch):
         assert torch.equal(logits[i, :n], alone[0]) and torch.equal(hidden[i, :n], h_alone[0])
         assert torch.equal(captured[0][i, :n], cap_alone[0][0])
         assert not logits[i, n:].any() and not hidden[i, n:].any() and not captured[0][i, n:].any()
+    # packed: the real rows only, sequence after sequence, the same bits (what a speculative step reads)
+    packed, _, _ = runner.forward([a, b, c], tokens, packed_logits=True)
+    assert packed.shape == (8, logits.shape[-1])
+    assert torch.equal(packed, torch.cat([logits[i, :len(t)] for i, t in enumerate(tokens)]))
+    same, _, _ = runner.forward([a, b], [[5, 6], [7, 8]], packed_logits=True)  # not ragged: [B x T, V]
+    dense, _, _ = runner.forward([a, b], [[5, 6], [7, 8]])
+    assert torch.equal(same, dense.flatten(0, 1))

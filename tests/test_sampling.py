@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from specdecode.errors import InvalidRequestError
-from specdecode.sampling import StopChecker, process_logits, sample
+from specdecode.kernels import native_kernels
+from specdecode.sampling import StopChecker, argmax_rows, process_logits, sample
 from specdecode.sampling_params import SamplingParams
 
 # One row with distinct probabilities, so every filter's cut is easy to compute by hand.
@@ -58,6 +59,28 @@ def test_greedy_one_hot_lowest_index_on_ties():
     close(process_logits(LOGITS, SamplingParams(temperature=0)), [0, 0, 0, 0, 1])
     tied = torch.tensor([[1.0, 3.0, 3.0, -2.0]])
     close(process_logits(tied, SamplingParams(temperature=0)), [0, 1, 0, 0])
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_argmax_rows_is_torch_argmax(native, monkeypatch):
+    """The greedy token of each row: the first index of the maximum, a row's first NaN where it has
+    one, index 0 for an all -inf row; any vocabulary size (vector tails) and row stride."""
+    if native and native_kernels() is None:
+        pytest.skip("no native kernels here")
+    if not native:
+        monkeypatch.setattr("specdecode.sampling.native_kernels", lambda: None)
+    g = torch.Generator().manual_seed(0)
+    for rows, vocab in ((1, 151936), (7, 1000), (3, 37), (5, 8), (2, 3)):
+        x = torch.randn(rows, vocab, generator=g)
+        top = x.max() + 1
+        x[:, vocab // 2] = top  # a tie: the first wins
+        x[:, vocab - 1] = top
+        x[0, vocab // 3] = float("nan")  # NaN wins, the first one
+        x[0, vocab - 2] = float("nan")
+        x[-1] = float("-inf")
+        for view in (x, x[:, :vocab - 1]):  # contiguous; rows a stride apart
+            assert torch.equal(argmax_rows(view), view.argmax(-1)), (rows, vocab)
+        assert argmax_rows(x)[-1] == 0 and (rows <= 2 or argmax_rows(x)[1] == vocab // 2)
 
 
 def test_top_k():

@@ -9,10 +9,10 @@ from typing import Callable
 import torch
 
 from ..runtime.model_runner import ModelRunner
-from ..sampling import COIN, TARGET, apply_penalties, process_logits, token_logprobs
+from ..sampling import COIN, TARGET, apply_penalties, argmax_rows, process_logits, token_logprobs
 from ..speculative.proposer import Proposer
 from ..speculative.tree import DraftTree
-from ..speculative.verify import accept_batch
+from ..speculative.verify import accept_batch, greedy_walk
 from .sequence import Sequence
 
 
@@ -53,13 +53,15 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
     # torch-sdpa, row_exact buys that for a single sequence (query by query); a batch attends
     # together there (B x T calls per layer would cost too much).
     logits, hidden, captured = runner.forward([s.slot for s in seqs], tokens, positions, tree_mask,
-                                              capture_layers=proposer.capture_layers, row_exact=len(seqs) == 1)
+                                              capture_layers=proposer.capture_layers, row_exact=len(seqs) == 1,
+                                              packed_logits=True)  # [sum of len(tokens[b]), V]
     t2 = now()
 
     # -- accept (pure): every tree in one call; paths reach the host in one transfer
     path_of, token_of = accept_trees(trees, logits, seqs)
 
     results = []
+    first = 0  # sequence b's first row in logits
     for b, (seq, tree) in enumerate(zip(seqs, trees)):
         path = path_of[b]
         # -- commit: keep root + accepted path in the cache, contiguous; drop the rest by not advancing
@@ -76,7 +78,8 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         emitted = [tree.tokens[p] for p in path] + [token_of[b]]
         lps = None
         if seq.params.logprobs is not None:  # emitted[i] was predicted by row ([0] + [1 + p for p in path])[i]
-            lps = token_logprobs(logits[b, [0] + [1 + p for p in path]], emitted, seq.params.logprobs)
+            lps = token_logprobs(logits[[first] + [first + 1 + p for p in path]], emitted, seq.params.logprobs)
+        first += len(tree) + 1
         delta = seq.append(emitted, lps)
         proposer.commit(seq, len(path), kept)
         depth = max(tree.depths(), default=0)
@@ -86,46 +89,61 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
 
 
 def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[list[int]], list[int]]:
-    """The acceptance rule for the whole batch: logits [B, T, V] of the verify forward (row 0 = after
-    the root, row i + 1 = after node i). Returns each sequence's accepted path (node indices,
-    root-to-leaf) and its next token. Greedy requests compare argmaxes of the logits (penalized where
-    the request sets a penalty); a batch with sampled requests processes every row with its request's
-    settings (a greedy row becomes one-hot, on which the sampling rules decide exactly as the greedy
-    one). A sampled request's random numbers come from its own RandomStream, by output position: what
-    a batch-mate or an earlier draft did never changes them."""
+    """The acceptance rule for the whole batch: logits [N, V] of the verify forward, packed: sequence
+    b's len(trees[b]) + 1 rows (the root's, then node i's at 1 + i) follow sequence b - 1's. Returns
+    each sequence's accepted path (node indices, root-to-leaf) and its next token. Greedy requests
+    compare argmaxes of the logits (penalized where the request sets a penalty); a batch with sampled
+    requests processes every row with its request's settings (a greedy row becomes one-hot, on which
+    the sampling rules decide exactly as the greedy one). A sampled request's random numbers come
+    from its own RandomStream, by output position: what a batch-mate or an earlier draft did never
+    changes them."""
     B, n = len(trees), max(len(t) for t in trees)
     tok = torch.zeros(B, n, dtype=torch.long)
     par = torch.full((B, n), -2, dtype=torch.long)  # < -1: padding, never tried
     for b, t in enumerate(trees):
         tok[b, :len(t)] = torch.tensor(t.tokens, dtype=torch.long)
         par[b, :len(t)] = torch.tensor(t.parents, dtype=torch.long)
-    rows = logits[:, :n + 1]  # [B, n + 1, V]
-    V = rows.shape[-1]
-    params = [s.params for s in seqs for _ in range(n + 1)]
+    # index [B, n + 1]: each (sequence, node row)'s row of logits; a padding node takes its root's row,
+    # which the walks never read for it (padding is never tried)
+    sizes = [len(t) + 1 for t in trees]
+    index, first = torch.zeros(B, n + 1, dtype=torch.long), 0
+    for b, k in enumerate(sizes):
+        index[b, :k] = torch.arange(first, first + k)
+        index[b, k:] = first
+        first += k
+    index = index.to(logits.device)
+    rows = logits
+    params = [s.params for s, k in zip(seqs, sizes) for _ in range(k)]
     if any(s.params.penalized for s in seqs):
         # a penalty makes each row's distribution depend on the tokens before it, draft tokens included:
-        # row 0 follows the committed output, row 1 + i also node i's path
-        outputs = [s.output_ids + path for s, t in zip(seqs, trees) for path in [[]] + t.paths() + [[]] * (n - len(t))]
-        rows = apply_penalties(rows.reshape(-1, V), params, [s.prompt_ids for s in seqs for _ in range(n + 1)],
-                               outputs).view(B, n + 1, V)
-    greedy = all(s.params.greedy for s in seqs)  # then argmaxes of the (penalized) logits decide
-    probs, draft, u_target, u_coin = rows, None, None, None
-    if not greedy:
-        probs = process_logits(rows.reshape(-1, V), params).view(B, n + 1, V)
-        if any(t.draft_probs is not None for t in trees):  # zero rows: deterministic nodes (accept_batch)
-            draft = probs.new_zeros(B, n, V)
-            for b, t in enumerate(trees):
-                if t.draft_probs is not None:
-                    draft[b, :len(t)] = t.draft_probs.to(draft)
-        depth = max((max(t.depths(), default=0) for t in trees), default=0)
-        u_target, u_coin = torch.zeros(B, depth + 1), torch.zeros(B, n)
-        for b, (s, t) in enumerate(zip(seqs, trees)):
-            if s.random is not None:
-                first = len(s.tokens)  # index the token after the root takes in s.tokens
-                u_target[b] = s.random.u(range(first, first + depth + 1), TARGET)
-                if t.draft_probs is not None and len(t):
-                    u_coin[b, :len(t)] = s.random.u([first + d - 1 for d in t.depths()], [COIN + i for i in range(len(t))])
-    _, token, accepted = accept_batch(tok.to(rows.device), par, probs, draft, greedy=greedy, u_target=u_target,
-                                      u_coin=u_coin)
+        # the root's row follows the committed output, node i's also node i's path
+        outputs = [s.output_ids + path for s, t in zip(seqs, trees) for path in [[]] + t.paths()]
+        rows = apply_penalties(rows, params, [s.prompt_ids for s, k in zip(seqs, sizes) for _ in range(k)], outputs)
+    if all(s.params.greedy for s in seqs):  # argmaxes of the (penalized) logits decide
+        _, token, accepted = greedy_walk(tok, par, argmax_rows(rows)[index])
+    else:
+        _, token, accepted = _accept_sampled(trees, seqs, tok, par, process_logits(rows, params)[index])
     accepted, token = accepted.cpu(), token.tolist()
     return [accepted[b, :len(t)].nonzero().flatten().tolist() for b, t in enumerate(trees)], token
+
+
+def _accept_sampled(trees: list[DraftTree], seqs: list[Sequence], tok: torch.Tensor, par: torch.Tensor,
+                    probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """accept_batch's sampling rules on the processed rows probs [B, n + 1, V], with each request's
+    per-position random numbers."""
+    B, n = tok.shape
+    draft = None
+    if any(t.draft_probs is not None for t in trees):  # zero rows: deterministic nodes (accept_batch)
+        draft = probs.new_zeros(B, n, probs.shape[-1])
+        for b, t in enumerate(trees):
+            if t.draft_probs is not None:
+                draft[b, :len(t)] = t.draft_probs.to(draft)
+    depth = max((max(t.depths(), default=0) for t in trees), default=0)
+    u_target, u_coin = torch.zeros(B, depth + 1), torch.zeros(B, n)
+    for b, (s, t) in enumerate(zip(seqs, trees)):
+        if s.random is not None:
+            pos = len(s.tokens)  # index the token after the root takes in s.tokens
+            u_target[b] = s.random.u(range(pos, pos + depth + 1), TARGET)
+            if t.draft_probs is not None and len(t):
+                u_coin[b, :len(t)] = s.random.u([pos + d - 1 for d in t.depths()], [COIN + i for i in range(len(t))])
+    return accept_batch(tok.to(probs.device), par, probs, draft, greedy=False, u_target=u_target, u_coin=u_coin)

@@ -1,10 +1,10 @@
 """Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
 
-One library from five sources (see their headers for why they exist and their exact arithmetic):
+One library from six sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
 the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
 from the other three (``simd.h``: the vector helpers they share; ``layer.py``: its operands);
-``threads.c``, releasing a thread's OpenMP pool. It is
+``argmax.c``, row-wise argmax for greedy tokens; ``threads.c``, releasing a thread's OpenMP pool. It is
 built with ``-march=native`` into a per-user cache keyed by the sources, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "threads.c"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "argmax.c", "threads.c"))
 _HEADERS = (Path(__file__).with_name("simd.h"),)
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
@@ -164,6 +164,14 @@ class NativeKernels:
         if rc != 0:
             raise MemoryError("native decoder layer: scratch allocation failed")
 
+    def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x float32 [R, V] with unit stride along V -> int64 [R]: torch.argmax(x, -1) (first index of
+        the maximum; a row's first NaN where it has one)."""
+        out = torch.empty(x.shape[0], dtype=torch.long)
+        self.lib.specdecode_argmax_rows(x.data_ptr(), x.shape[0], x.shape[1], x.stride(0), out.data_ptr(),
+                                        torch.get_num_threads())
+        return out
+
     def release_threads(self) -> None:
         """Frees the calling thread's OpenMP worker pool (threads.c says why): call it on a thread that
         is done with parallel work before another thread takes it over."""
@@ -193,6 +201,8 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_decoder_layers.argtypes = [p, p, p, i, p, p, p, i]
     lib.specdecode_decoder_layers.restype = i
     lib.specdecode_release_threads.restype = i
+    lib.specdecode_argmax_rows.argtypes = [p, i, i, ctypes.c_long, p, i]
+    lib.specdecode_argmax_rows.restype = None
     lib.specdecode_isa.restype = ctypes.c_char_p
     return NativeKernels(lib, lib.specdecode_isa().decode())
 

@@ -26,7 +26,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, slots: list[int], tokens: list[list[int]], positions: list[list[int]] | None = None,
                 tree_mask: torch.Tensor | None = None, logits: bool = True, last_only: bool = False,
-                capture_layers: tuple[int, ...] = (), row_exact: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+                capture_layers: tuple[int, ...] = (), row_exact: bool = False, packed_logits: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
         """Feeds ``tokens[b]`` to sequence ``slots[b]`` after its committed tokens.
 
         positions[b] default to consecutive positions after the committed length (a chain); a tree
@@ -35,6 +36,9 @@ class ModelRunner:
         *real* token of each row; None with logits=False), hidden [B, T, H] final normed hidden states,
         captured {layer: [B, T, H]}. Padding (row b's positions from num_new[b] on) is zero in all of them.
         row_exact: attend query by query (runtime/context.py), for verify forwards.
+        packed_logits: logits of the real rows only, [N, V] in (b, t) order (N = the number of tokens
+        fed): a ragged batch's logits are not copied into a zero-padded [B, T, V], a copy of several
+        MB that costs a batched verify more than a row of its GEMMs.
         Does not commit: the new tokens sit in the cache beyond ``kv.lengths[slot]``."""
         B = len(slots)
         num_new = [len(t) for t in tokens]
@@ -65,6 +69,9 @@ class ModelRunner:
                     h[~real] = 0
         if not logits:
             return None, hidden, ctx.captured
+        if packed_logits:
+            return self.model.compute_logits(hidden[real] if real is not None else hidden.flatten(0, 1)), \
+                hidden, ctx.captured
         if last_only:
             last = torch.tensor([n - 1 for n in num_new], device=self.device)
             return self.model.compute_logits(hidden[torch.arange(B, device=self.device), last]), hidden, ctx.captured

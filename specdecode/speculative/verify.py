@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import sample
+from ..sampling import argmax_rows, sample
 from .tree import DraftTree
 
 
@@ -87,19 +87,13 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
     Returns (last [B]: deepest accepted node or -1, token [B], accepted [B, n] bool: the path)."""
     b, n = tokens.shape
     v = target_probs.shape[-1]
+    if greedy:  # ties → lowest index, as in process_logits
+        return greedy_walk(tokens, parents, argmax_rows(target_probs.reshape(-1, v)).view(b, n + 1))
     dev = target_probs.device
     par, parents = parents.cpu(), parents.to(dev)
     rows = torch.arange(b, device=dev)
     cur = torch.full((b,), -1, dtype=torch.long, device=dev)  # current node, -1 = root
     accepted = torch.zeros(b, n, dtype=torch.bool, device=dev)
-    if greedy:
-        best = target_probs.argmax(-1)  # [B, n+1]; ties → lowest index, as in process_logits
-        for i in range(n):
-            hit = (parents[:, i] == cur) & (tokens[:, i] == best[rows, cur + 1])
-            cur = torch.where(hit, i, cur)
-            accepted[:, i] = hit
-        return cur, best[rows, cur + 1], accepted
-
     if u_target is not None and draft_probs is None:  # every node deterministic: exact match throughout
         return _exact_match(tokens, par, target_probs, u_target.to(dev))
     # Nodes processed in index order with "parent == current node" replay the walk exactly: children
@@ -150,6 +144,24 @@ def accept_batch(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torc
         cur, token = torch.where(exact, e_cur, cur), torch.where(exact, e_token, token)
         accepted = torch.where(exact[:, None], e_acc, accepted)
     return cur, token, accepted
+
+
+def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, best: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The greedy rule for B trees from the target's argmaxes alone: best [B, n+1] long (column 0
+    after the root, column i + 1 after node i); tokens, parents as for accept_batch. Returns what
+    accept_batch returns."""
+    b, n = tokens.shape
+    dev = best.device
+    tokens, parents = tokens.to(dev), parents.to(dev)
+    rows = torch.arange(b, device=dev)
+    cur = torch.full((b,), -1, dtype=torch.long, device=dev)  # current node, -1 = root
+    accepted = torch.zeros(b, n, dtype=torch.bool, device=dev)
+    for i in range(n):
+        hit = (parents[:, i] == cur) & (tokens[:, i] == best[rows, cur + 1])
+        cur = torch.where(hit, i, cur)
+        accepted[:, i] = hit
+    return cur, best[rows, cur + 1], accepted
 
 
 def _exact_match(tokens: torch.Tensor, par: torch.Tensor, probs: torch.Tensor, u_target: torch.Tensor
