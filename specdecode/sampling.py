@@ -71,7 +71,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[Sampl
 
     probs = probs / probs.sum(-1, keepdim=True)  # sum >= the argmax's probability > 0
     if any(p.greedy for p in rows):
-        one_hot = torch.zeros_like(probs).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        one_hot = torch.zeros_like(probs).scatter_(-1, argmax_rows(logits)[:, None].to(probs.device), 1.0)
         probs = torch.where(greedy, one_hot, probs)
     return probs
 
@@ -141,7 +141,7 @@ def draft_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | 
     confident: the drafted token's probability (greedy) or q's top probability reaches ``p_min``
     (--draft-p-min)."""
     if params.greedy:
-        tok = int(logits.argmax())
+        tok = int(argmax_rows(logits.reshape(1, -1))[0])
         return tok, None, float(torch.softmax(logits, -1)[tok]) >= p_min
     q = process_logits(logits.unsqueeze(0), params)[0]
     tok = int(sample(q.unsqueeze(0), u=u)[0])
