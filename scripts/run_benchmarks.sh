@@ -551,3 +551,24 @@ for wt in $PWD /tmp/wt_base; do
   (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
     --max-tokens 96 --max-num-seqs 8 --rounds 3 --prompts $P)
 done
+
+# ---------------------------------------------------------------------------------------------------
+# Round 26 (Intel Xeon fam 6 model 207, 2 cores): a verify's logits of the real rows only and a native argmax.
+# "Before" is cf03acb (round 25's last commit) in a second worktree; its row costs by a copy of
+# bench_batch_rows.py timing forward() with padded logits and torch.argmax (the script before this round
+# timed the forward alone).
+git worktree add /tmp/wt_base cf03acb
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python scripts/bench_batch_rows.py --batch 8 --reps 5
+for i in 1 2; do
+  for wt in /tmp/wt_base $PWD; do
+    (cd $wt && python scripts/bench_batch_drafters.py --spec-types none,auto --prompts $P)
+  done
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P)
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 --prompts $P)
+done
