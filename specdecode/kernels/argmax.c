@@ -5,7 +5,8 @@
  * (its maximum, then the first lane equal to it) and the rows are shared by the threads.
  *
  * The result is torch.argmax's: the first index of the maximum; where a row holds NaN, the first
- * NaN (argmax treats NaN as the largest value). 256-bit vectors in both bodies (simd.h). */
+ * NaN (argmax treats NaN as the largest value). 256-bit vectors: the same code in the AVX512 and the
+ * AVX2 body. */
 #include <immintrin.h>
 #include <stdint.h>
 #include <stddef.h>
