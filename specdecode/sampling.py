@@ -130,7 +130,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: tor
     u = u.reshape(-1, 1).to(probs.device).double()
     drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
     deterministic = (probs > 0).sum(-1) == 1
-    return torch.where(deterministic, probs.argmax(-1), drawn)
+    return torch.where(deterministic, argmax_rows(probs.float()), drawn)
 
 
 def draft_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None,
