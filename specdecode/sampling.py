@@ -15,6 +15,10 @@ from .kernels import native_kernels
 from .sampling_params import SamplingParams
 
 
+TOP_HEAD = 256  # tokens of each row's descending order that top-k / top-p look at first
+TOP_HEAD_MAX = 2048  # the longest head taken before sorting the whole row
+
+
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits [N, V] -> int64 [N]: each row's argmax, the first index of its maximum (torch.argmax's
     rule, NaN included). The greedy token of every row, computed natively on the CPU where it can be."""
@@ -46,21 +50,32 @@ def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[Sampl
     use_top_k = any(0 < p.top_k < v for p in rows)
     use_top_p = any(p.top_p < 1 for p in rows)
     if use_top_k or use_top_p:
-        sorted_vals, order = scaled.sort(dim=-1, descending=True)  # [N, V]
+        # Both filters read only the head of each row's descending order: top-k its k-th value, top-p
+        # the shortest prefix holding top_p of the mass. topk selects that head without sorting the
+        # vocabulary (a sort of ~150k logits costs ~20x a topk of a few hundred); a top-p prefix longer
+        # than the head takes a longer head below.
+        m = min(v, max([TOP_HEAD] + [p.top_k for p in rows if 0 < p.top_k < v]))
+        head, order = scaled.topk(m, dim=-1)  # [N, m], descending
         # top-k: keep everything >= the k-th largest value; rows with k disabled keep all.
-        k = torch.where((top_k > 0) & (top_k < v), top_k, torch.full_like(top_k, v))
-        kth = sorted_vals.gather(-1, k - 1)  # [N, 1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        k_on = (top_k > 0) & (top_k < v)
+        kth = head.gather(-1, torch.where(k_on, top_k, torch.ones_like(top_k)) - 1)  # [N, 1]
+        scaled = scaled.masked_fill(k_on & (scaled < kth), float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
 
     if use_top_p:
         # Softmax is monotone, so ``order`` still sorts probs (masked tokens sit at the end with 0).
-        # Gathered rather than recomputed so the cut-off compares bit-identical values.
-        sorted_probs = probs.gather(-1, order)  # [N, V]
-        mass_before = torch.nn.functional.pad(sorted_probs.cumsum(-1)[:, :-1], (1, 0))  # exclusive cumsum
-        # Smallest prefix reaching top_p: keep a token while the mass before it is < top_p. The first
-        # token always has mass_before == 0 < top_p. Cut-off = the smallest kept probability.
-        n_keep = (mass_before < top_p).sum(-1, keepdim=True)  # [N, 1] >= 1
+        # Gathered rather than recomputed so the cut-off compares bit-identical values. A prefix's sums
+        # are the full order's (cumsum runs in order), so the cut-off is the one a full sort gives.
+        while True:
+            sorted_probs = probs.gather(-1, order)  # [N, m]
+            mass_before = torch.nn.functional.pad(sorted_probs.cumsum(-1)[:, :-1], (1, 0))  # exclusive cumsum
+            # Smallest prefix reaching top_p: keep a token while the mass before it is < top_p. The first
+            # token always has mass_before == 0 < top_p. Cut-off = the smallest kept probability.
+            n_keep = (mass_before < top_p).sum(-1, keepdim=True)  # [N, 1] in 1 .. m
+            if m == v or not bool(((n_keep == m) & (top_p < 1)).any()):  # else the prefix may go on past m
+                break
+            m = 8 * m if 8 * m <= TOP_HEAD_MAX and 8 * m < v else v  # past that a whole sort is cheaper
+            order = (scaled.topk(m, dim=-1) if m < v else scaled.sort(dim=-1, descending=True)).indices
         cutoff = sorted_probs.gather(-1, n_keep - 1)
         cutoff = torch.where(top_p < 1, cutoff, torch.zeros_like(cutoff))
         probs = probs.masked_fill(probs < cutoff, 0.0)

@@ -117,6 +117,41 @@ def test_filters_compose_in_order():
     close(process_logits(LOGITS, SamplingParams(temperature=0.5, top_k=4, top_p=0.85, min_p=0.6)), [0, 0, 0, 0, 1])
 
 
+def _sorted_filters(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """top-k then top-p over a whole sort of the row (the plain definition), on scaled logits [V]."""
+    vals, order = logits.sort(descending=True)
+    if 0 < top_k < len(logits):
+        logits = logits.masked_fill(logits < vals[top_k - 1], float("-inf"))
+    probs = torch.softmax(logits, -1)
+    if top_p < 1:
+        sp = probs[order]
+        before = torch.nn.functional.pad(sp.cumsum(-1)[:-1], (1, 0))
+        probs = probs.masked_fill(probs < sp[int((before < top_p).sum()) - 1], 0.0)
+    return probs / probs.sum()
+
+
+@pytest.mark.parametrize("vocab", [151936, 3000, 40])
+def test_top_k_and_top_p_read_only_the_head_yet_equal_a_whole_sort(vocab):
+    """process_logits takes top-k's k-th value and top-p's prefix from a topk of a few hundred tokens,
+    longer where a row's top-p mass lies further: bit for bit what the plain whole-row sort gives,
+    for peaked, flat (the prefix runs past the first head) and tied rows, per-row settings mixed."""
+    g = torch.Generator().manual_seed(3)
+    rows = [torch.randn(vocab, generator=g) * s for s in (8.0, 2.0, 0.05)]  # peaked .. flat
+    tied = torch.randn(vocab, generator=g)
+    tied[: vocab // 2] = tied[0]
+    rows += [tied, torch.round(torch.randn(vocab, generator=g) * 4) / 4]
+    x = torch.stack(rows)
+    settings = [(0.7, 0, 0.9), (1.0, 50, 1.0), (1.3, 3000, 0.999), (0.8, 40, 0.95), (1.0, 1, 0.5)]
+    for t, k, p in settings:
+        got = process_logits(x, SamplingParams(temperature=t, top_k=k, top_p=p))
+        for row, want in zip(got, x):
+            assert torch.equal(row, _sorted_filters(want / t, k, p)), (vocab, t, k, p)
+    mixed = [SamplingParams(temperature=t, top_k=k, top_p=p) for t, k, p in settings]
+    got = process_logits(x, mixed)
+    for row, want, (t, k, p) in zip(got, x, settings):
+        assert torch.equal(row, _sorted_filters(want / t, k, p)), (vocab, t, k, p)
+
+
 def test_per_row_params_and_masked_logits():
     logits = torch.cat([LOGITS, LOGITS, torch.tensor([[0.0, float("-inf"), 1.0, float("-inf"), 0.0]])])
     params = [SamplingParams(temperature=0), SamplingParams(top_k=2), SamplingParams(top_p=0.6)]
