@@ -89,12 +89,17 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                    default=_SPEC["suffix_min_token_prob"])
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", "-n", type=int, default=_SAMP["max_tokens"])
-    p.add_argument("--temperature", "--temp", type=float, default=_SAMP["temperature"])
+def add_filter_args(p: argparse.ArgumentParser) -> None:
+    """The sampling filters (generate, serve, and the benchmarks' sampled runs)."""
     p.add_argument("--top-p", type=float, default=_SAMP["top_p"])
     p.add_argument("--top-k", type=int, default=_SAMP["top_k"])
     p.add_argument("--min-p", type=float, default=_SAMP["min_p"])
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", "-n", type=int, default=_SAMP["max_tokens"])
+    p.add_argument("--temperature", "--temp", type=float, default=_SAMP["temperature"])
+    add_filter_args(p)
     p.add_argument("--seed", type=int, default=_SAMP["seed"])
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--repeat-penalty", dest="repetition_penalty", type=float, default=_SAMP["repetition_penalty"],

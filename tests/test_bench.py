@@ -96,3 +96,21 @@ def test_turns_flag():
     for bad in ("0", "-1", "two"):
         with pytest.raises(argparse.ArgumentTypeError):
             _turns(bad)
+
+
+def test_bench_takes_the_sampling_filters(monkeypatch, tmp_path):
+    """bench's sampled runs take --top-p / --top-k / --min-p into every request's SamplingParams."""
+    import specdecode.bench.report as report
+    import specdecode.bench.run as run
+    from specdecode.cli import main
+
+    got = []
+    monkeypatch.setattr(run, "run_bench", lambda cfg, specs, prompts, params, **kw: got.append(params) or [])
+    monkeypatch.setattr(report, "summarize", lambda records: [])
+    monkeypatch.setattr(report, "format_table", lambda summary: "")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    main(["bench", "--prompts", str(prompts), "--temperature", "0.7", "--top-p", "0.9", "--top-k", "40",
+          "--min-p", "0.05"])
+    (p,) = got
+    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.7, 0.9, 40, 0.05)

@@ -289,6 +289,11 @@ def test_bench_serve(server, tmp_path, monkeypatch):
     assert main(args + ["--rounds", "2", "--json-out", str(out)]) == 0 and len(resets) == 2 + 4
     data = json.loads(out.read_text())
     assert data["results"][MODEL]["2"]["rounds"] == 2 and len(data["records"]) == 2 * (2 + 4)
+    seen = []  # the sampling filters reach the engine with every request
+    add = server.engine.add_request
+    monkeypatch.setattr(server.engine, "add_request", lambda ids, params: seen.append(params) or add(ids, params))
+    assert main(args + ["--temperature", "0.8", "--top-p", "0.9", "--top-k", "5", "--min-p", "0.01"]) == 0
+    assert seen and {(p.temperature, p.top_p, p.top_k, p.min_p) for p in seen} == {(0.8, 0.9, 5, 0.01)}
     built = []
 
     def factory(spec_type):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..args import add_model_args, add_spec_args, engine_config, spec_config
+from ..args import add_filter_args, add_model_args, add_spec_args, engine_config, spec_config
 from .prompts import DEFAULT_PROMPTS, load_prompts
 
 
@@ -23,6 +23,7 @@ def add_bench_parser(sub) -> None:
                         "Spec-Bench does) or the first N")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
+    add_filter_args(b)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--json-out")
     b.add_argument("--plot")
@@ -43,10 +44,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .report import format_table, plot, summarize, write_json
     from .run import parse_configs, run_bench
 
-    params = SamplingParams(temperature=a.temperature, max_tokens=a.max_tokens, seed=a.seed)
+    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, min_p=a.min_p,
+                            max_tokens=a.max_tokens, seed=a.seed)
     prompts = load_prompts(a.prompts, a.category, a.limit)
     specs = parse_configs(a.spec_types, spec_config(a))
     meta = {"argv": sys.argv, "model": a.model, "spec_types": a.spec_types, "temperature": a.temperature,
+            "top_p": a.top_p, "top_k": a.top_k, "min_p": a.min_p,
             "max_tokens": a.max_tokens, "prompts": a.prompts, "n_prompts": len(prompts), "turns": a.turns or "all"}
 
     def save(records: list[dict]) -> None:  # after every prompt: an interrupted run keeps what it measured

@@ -19,7 +19,7 @@ import sys
 import time
 from dataclasses import replace
 
-from ..args import add_model_args, add_prefix_cache_args, add_spec_args, engine_config, spec_config
+from ..args import add_filter_args, add_model_args, add_prefix_cache_args, add_spec_args, engine_config, spec_config
 from ..errors import SpecDecodeError
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
 
@@ -42,6 +42,7 @@ def add_bench_serve_parser(sub) -> None:
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each category")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
+    add_filter_args(b)
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--max-num-seqs", type=int, default=None, help="in-process slots (default: the top concurrency)")
     add_prefix_cache_args(b)
@@ -299,7 +300,8 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
     if a.rounds < 1:
         raise SpecDecodeError(f"--rounds must be >= 1, got {a.rounds}")
     prompts = load_prompts(a.prompts, a.category, a.limit)
-    params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "seed": a.seed}
+    params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
+              "min_p": a.min_p, "seed": a.seed}
     progress = sys.stderr.isatty()
     if a.url:
         results, records = _bench_running(a, prompts, levels, params, progress)
