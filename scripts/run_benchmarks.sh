@@ -572,3 +572,14 @@ done
 for wt in $PWD /tmp/wt_base; do
   (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 --prompts $P)
 done
+# top-k / top-p without a sort: sampled Spec-Bench with llama.cpp's default filters (cf03acb ran with this round's
+# specdecode/args.py and specdecode/bench/cli.py copied into its worktree: the flags only)
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 \
+    --temperature 0.8 --top-k 40 --top-p 0.95 --prompts $P)
+done
+# the verify curve, three runs; prefetch distances tried for multi-row verifies
+for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 21; done
+for f in "" -DPF_FAR=32768 -DPF_FAR=8192 -DPF_NEAR=2048 -DPF_NEAR=8192 ""; do
+  SPECDECODE_NATIVE_FLAGS="$f" python scripts/bench_verify_curve.py --rounds 15
+done
