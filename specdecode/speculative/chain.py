@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import Callable
 
-from .controller import CLASS_FADE, AcceptanceEstimate
+from .controller import CLASS_FADE, AcceptanceEstimate, catch_up_share
 from .proposer import Proposer
 from .tree import DraftTree
 
@@ -199,7 +199,7 @@ class ChainProposer(Proposer):
             return
         m = self.members[best]
         d = m.depth(best_k)
-        cost = m.draft_cost(n) * d + m.catch_up_cost([self._view(seq, best)])
+        cost = m.draft_cost(n) * d + catch_up_share(m.catch_up_cost([self._view(seq, best)]))  # as value prices it
         base = _reach(self._record(st, best).alphas(d))
         for i, tree in st.ready.items():
             depths = tree.depths()

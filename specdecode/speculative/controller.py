@@ -207,7 +207,7 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     change before that pays back (priced whole, a head idle for long would never be chosen again: its
     bounded window of missed entries costs about two steps to feed). One sequence: E(k)/C(k)."""
     best_k, best = 0, len(alphas) / verify_cost(1)
-    catch_up /= CATCH_UP_STEPS
+    catch_up = catch_up_share(catch_up)
     gain = [_gains(a) for a in alphas]  # gain[b][d]: E_b over d positions (d capped at len(a))
     for k in range(max(1, k_min), k_max + 1):
         d = depth(k)
@@ -215,6 +215,11 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
         if rate > best:
             best_k, best = k, rate
     return best, best_k
+
+
+def catch_up_share(catch_up: float) -> float:
+    """One step's share of a one-off catch-up (seconds): the cost a step's draft is priced with."""
+    return catch_up / CATCH_UP_STEPS
 
 
 def choose_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify_cost, k_max: int,

@@ -211,7 +211,7 @@ class EagleProposer(Proposer):
         # More than one verify commits (root + a path of at most num_steps): a catch-up after steps the
         # head did not draft, a one-off cost that is not a tree level's (catch_up_cost prices it). Each
         # is fed alone: one forward pads every row to the longest, and the others have a few entries.
-        long = [i for i in pending if len(states[i].feats) > self.spec.num_steps + 1]
+        long = [i for i in pending if self._bulk(len(states[i].feats))]
         for i in long:
             self._feed_pending([seqs[rows[i]]], [states[i]])
         short = [i for i in pending if i not in long]
@@ -251,7 +251,7 @@ class EagleProposer(Proposer):
             st.feats = st.buf = None
             st.last = x[b, k - 1].clone()  # not a view that keeps the whole forward's output
             self.kv.set_length(st.slot, st.fed)
-        if T > self.spec.num_steps + 1:  # a prompt chunk or a catch-up: what an entry costs in bulk
+        if self._bulk(T):  # a prompt chunk or a catch-up: what an entry costs in bulk
             self._entry_cost = ema(self._entry_cost, (self.timer.now() - t0) / (B * T))
 
     def _grow(self, x_last: torch.Tensor, states, root_pos: list[int], steps: int) -> list[list[tuple]]:
@@ -297,11 +297,16 @@ class EagleProposer(Proposer):
         return cands
 
     # -- cost ------------------------------------------------------------------------------------
+    def _bulk(self, entries: int) -> bool:
+        """More entries than one verify commits (the root and a path of at most num_steps): a prompt
+        chunk or a catch-up, not part of a tree level's cost."""
+        return entries > self.spec.num_steps + 1
+
     def catch_up_cost(self, seqs) -> float:
         """The entries a proposal would feed first, beyond one verify's commit (those are part of a
         tree level's measured cost), at the measured cost of an entry fed in bulk."""
         n = sum(len(st.feats) for seq in seqs for st in [seq.draft_state]
-                if st is not None and st.feats is not None and len(st.feats) > self.spec.num_steps + 1)
+                if st is not None and st.feats is not None and self._bulk(len(st.feats)))
         return n * (self._entry_cost or 0.0)
 
     def draft_cost(self, n_seqs: int = 1) -> float:
