@@ -42,6 +42,23 @@ def test_batch_shares_one_draft_length():
     assert choose_batch_draft_length([[0.9], [0.9]], 0.0, v, 4) == 1
 
 
+def test_no_draft_longer_than_any_estimate_reaches():
+    """A length past every sequence's estimates gains nothing, so it is never chosen, even where a
+    noisy cost curve prices it lower; and the lengths past them are not priced at all (a chain's cap
+    is the longest drafter's, 24 for suffix, and the batch is planned every step)."""
+    priced = []
+
+    def v(t):
+        priced.append(t)
+        return {1: 1.0, 2: 1.18, 3: 1.38}.get(t, 1.1)  # longer shapes noisily cheap
+
+    assert choose_batch_draft_length([[0.9, 0.9], [0.5]], 0.0, v, 24) == 2
+    assert max(priced) == 3
+    priced.clear()
+    assert choose_batch_draft_length([[], []], 0.0, v, 24) == 0  # nothing estimated: nothing to draft
+    assert max(priced) <= 2
+
+
 def test_cost_model_keys_shapes_by_rows():
     """A packed ragged batch is observed at its real row count, and priced there."""
     c = CostModel()

@@ -209,11 +209,14 @@ def best_batch_draft_length(alphas: list[list[float]], draft_cost: float, verify
     best_k, best = 0, len(alphas) / verify_cost(1)
     catch_up = catch_up_share(catch_up)
     gain = [_gains(a) for a in alphas]  # gain[b][d]: E_b over d positions (d capped at len(a))
+    reach = max(map(len, alphas), default=0)  # no sequence gains from a position past its estimates
     for k in range(max(1, k_min), k_max + 1):
         d = depth(k)
         rate = sum(g[min(d, len(g) - 1)] for g in gain) / (d * draft_cost + verify_cost(k + 1) + catch_up)
         if rate > best:
             best_k, best = k, rate
+        if d >= reach:  # a longer draft gains nothing more: only a cost curve's noise could favour it
+            break
     return best, best_k
 
 
