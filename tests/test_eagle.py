@@ -1,5 +1,6 @@
 """EAGLE heads: published checkpoint layouts, the head's math, tree drafting against a brute-force
 reference, lossless output (greedy identical, sampled distribution) and training."""
+import dataclasses
 import json
 
 from pathlib import Path
@@ -491,11 +492,11 @@ def test_prompt_features_come_from_the_engines_prefill(monkeypatch):
     assert out.stats["spec"]["mean_acceptance_length"] > 2.0
 
 
-def test_prompt_is_fed_to_the_head_during_prefill_and_a_catch_up_is_no_level_cost(plain, monkeypatch):
-    """The head's entries for the prompt are fed while the target prefills (time to first token): the
-    first proposal finds the whole prompt fed and nothing pending. After steps in which the head did
-    not draft (a chain chose another drafter), the next proposal catches up on every missed entry; that
-    one-off feed is not a tree level's cost, so it is not folded into the measured drafting cost."""
+def test_prompt_is_fed_at_the_first_proposal_and_a_catch_up_is_no_level_cost(plain, monkeypatch):
+    """The head's entries for the prompt are owed by the prefill, not fed: the first proposal finds the
+    whole prompt pending (nothing fed, no catch-up priced) and feeds it. After steps in which the head
+    did not draft (a chain chose another drafter), the next proposal catches up on every missed entry;
+    neither feed is a tree level's cost, so neither is folded into the measured drafting cost."""
     m = target(bigram=True)
     eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
     e = eng.engine
@@ -504,7 +505,7 @@ def test_prompt_is_fed_to_the_head_during_prefill_and_a_catch_up_is_no_level_cos
 
     def recording(seqs, ks):
         st = seqs[0].draft_state
-        seen.append((st.fed, None if st.feats is None else len(st.feats)))
+        seen.append((st.fed, None if st.feats is None else len(st.feats), prop.catch_up_cost(seqs)))
         return original(seqs, ks)
 
     monkeypatch.setattr(prop, "propose", recording)
@@ -513,10 +514,52 @@ def test_prompt_is_fed_to_the_head_during_prefill_and_a_catch_up_is_no_level_cos
     monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if 1 <= next(steps) <= 8 else drafting(seqs))
     out = eng.generate(PROMPTS[0], GREEDY)[0]
     assert out.token_ids == plain[True][0]
-    assert seen[0] == (len(PROMPTS[0]) - 1, None)  # the prompt's entries, fed during prefill
-    assert seen[1][1] > 3 + 1  # the catch-up: more than one verify commits
-    assert all(n is None or n <= 3 + 1 for _, n in seen[2:])
-    assert len(observed) == len(seen) - 1  # every proposal but the catch-up measured its levels
+    assert seen[0] == (0, len(PROMPTS[0]) - 1, 0.0)  # the prompt's entries, owed: pending and not priced
+    assert seen[1][1] > 3 + 1 and seen[1][2] > 0  # the catch-up: more than one verify commits, priced
+    assert all(n is None or n <= 3 + 1 for _, n, _ in seen[2:])
+    assert len(observed) == len(seen) - 2  # every proposal but the prompt's and the catch-up measured its levels
+
+
+def test_a_catch_up_before_any_feed_is_priced_by_a_calibration(plain, monkeypatch):
+    """Steps without drafts before the head's first proposal leave a catch-up beyond the owed prompt;
+    with no bulk feed measured yet, a calibration prices it (not zero), and the owed rows stay unpriced."""
+    m = target(bigram=True)
+    eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
+    e, prop = eng.engine, eng.engine.proposer
+    priced, steps, drafting, propose = [], iter(range(1000)), e._draft_lengths, prop.propose
+
+    def recording(seqs, ks):
+        st = seqs[0].draft_state
+        priced.append((len(st.feats) - st.owed, prop.catch_up_cost(seqs), prop._entry_cost))
+        return propose(seqs, ks)
+
+    monkeypatch.setattr(prop, "propose", recording)
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if next(steps) < 8 else drafting(seqs))
+    assert eng.generate(PROMPTS[0], GREEDY)[0].token_ids == plain[True][0]
+    missed, cost, entry = priced[0]
+    assert missed == 8 and cost > 0 and cost == pytest.approx(8 * entry)
+
+
+def test_a_head_that_never_drafts_never_feeds_the_prompt(plain, monkeypatch):
+    """A request the controller never drafts with (a full batch, text the head does not predict) costs
+    the head nothing but the features it keeps: no head forward runs. A long prompt is fed as its
+    chunks arrive, so what is pending stays within 2 PROMPT_WINDOW."""
+    import specdecode.speculative.eagle as eagle
+
+    m = target(bigram=True)
+    eng = llm(m, "eagle3", forced_head(m), (3, 1, 4))
+    e, prop = eng.engine, eng.engine.proposer
+    fed = []
+    feed = prop._feed_pending
+    monkeypatch.setattr(prop, "_feed_pending", lambda seqs, states: fed.append(len(states[0].feats)) or feed(seqs, states))
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs))
+    assert eng.generate(PROMPTS[0], GREEDY)[0].token_ids == plain[True][0]
+    assert fed == []
+    W = 4  # a prompt of 24 tokens in chunks of 8 against a window of 4: fed once 2 W are pending
+    monkeypatch.setattr(eagle, "PROMPT_WINDOW", W)
+    e.cfg = dataclasses.replace(e.cfg, prefill_chunk=8)
+    eng.generate(list(range(1, 25)), SamplingParams(temperature=0, max_tokens=2))
+    assert fed == [8 + 8]  # after the second chunk; the last 7 (the prompt's last token is the root) stay owed
 
 
 def test_a_catch_up_is_fed_one_sequence_at_a_time_and_priced(monkeypatch):
@@ -552,7 +595,8 @@ def test_a_catch_up_is_fed_one_sequence_at_a_time_and_priced(monkeypatch):
 
 def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
     """Steps in which the head does not draft leave their features pending; past twice PROMPT_WINDOW
-    the head keeps the newest PROMPT_WINDOW and restarts there, and its drafts stay lossless."""
+    (beyond the prompt's, which prefill owes) the head keeps the newest PROMPT_WINDOW and restarts
+    there, and its drafts stay lossless."""
     import specdecode.speculative.eagle as eagle
 
     W = 32  # the tiny model's context is short: a smaller window, read by the proposer at each call
@@ -573,7 +617,8 @@ def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=4 * W, ignore_eos=True)
     out = eng.generate(PROMPTS[0], params)[0]
     assert out.token_ids == llm(m).generate(PROMPTS[0], params)[0].token_ids
-    assert max(pending) <= 2 * W and W in pending
+    owed = len(PROMPTS[0]) - 1  # the prompt's entries: pending too, and not a catch-up
+    assert max(pending) <= owed + 2 * W and max(pending) > 2 * W and W in pending
     assert out.stats["spec"]["accepted_tokens"] > 0
 
 
@@ -616,6 +661,28 @@ def test_prefix_cache_hit_keeps_the_heads_entries(plain, monkeypatch, spec_type,
         ref = cold.generate(p, GREEDY)[0]
         assert out.token_ids == ref.token_ids
         assert out.stats["spec"]["accepted_tokens"] == ref.stats["spec"]["accepted_tokens"]
+
+
+def test_a_kept_state_that_never_drafted_keeps_its_pending_features(plain, monkeypatch):
+    """A request the head never drafted for leaves its prompt's features pending, not fed. The slot's
+    next request with the same prompt resumes them: no position is prefilled again (features need no
+    next token, entries do), and its drafts are a cold start's."""
+    m = target(bigram=True)
+    prompt = [(7 * i) % 300 + 1 for i in range(150)]
+    eng = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=1)
+    cold = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    e = eng.engine
+    drafting = e._draft_lengths
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs))
+    eng.generate(prompt, GREEDY)
+    monkeypatch.setattr(e, "_draft_lengths", drafting)
+    counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
+    again = eng.generate(prompt, GREEDY)[0]
+    assert e.prefix_cache.hit_tokens == len(prompt) - 1
+    assert counts == [] and prefilled == []
+    ref = cold.generate(prompt, GREEDY)[0]
+    assert again.token_ids == ref.token_ids
+    assert again.stats["spec"]["accepted_tokens"] == ref.stats["spec"]["accepted_tokens"] > 0
 
 
 def test_prefix_hit_without_a_kept_state_prefills_the_heads_window_again(plain, monkeypatch):

@@ -4,9 +4,13 @@ growing a token tree EAGLE-2 style with SGLang's knobs.
 Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's
 entry for position base + i (entry j = target features at j + embedding of token j+1; see
 models/eagle.py), ``fed`` committed entries, the head's output at the newest of them (``last``: it
-drafts depth 1), and pending target features (handed to ``commit`` after each verify) not fed yet. The
-prompt's entries are fed during the target's prefill (time to first token, as a draft model's prefill),
-so a first proposal never feeds a whole prompt mid-decode. A finished request's state is kept for
+drafts depth 1), and pending target features (handed to ``prefill`` and ``commit``) not fed yet. The
+prompt's entries are owed, not fed: the prefill keeps its features pending (``owed``) and the head's
+first proposal feeds them, so a request the controller never drafts with (a full batch, text the head
+does not predict) never pays for them. They are not a catch-up: a drafter that fed its prompt during
+prefill would have paid them whether or not it drafted, so ``catch_up_cost`` leaves them out and the
+choice to draft is the one that drafter would make. A prompt longer than 2 PROMPT_WINDOW is fed as its
+chunks arrive (what is pending stays bounded). A finished request's state is kept for
 its target slot's next request (speculative/kept.py): after a prefix-cache hit the head keeps the
 entries of the shared tokens, and only the positions the hit leaves are fed. A proposal feeds the pending entries (one
 verify's worth, or more after steps in which a chain chose another drafter), then grows the tree: depth
@@ -50,6 +54,7 @@ class _State:
     fstart: int = 0
     last: torch.Tensor | None = None  # [H] pre-norm output of entry base + fed - 1 (valid when feats is None)
     buf: torch.Tensor | None = None  # [capacity, F]: feats is its first n rows while commits append to it
+    owed: int = 0  # leading rows of feats that prefill left to the first proposal (no catch-up)
 
 
 class EagleProposer(Proposer):
@@ -100,15 +105,20 @@ class EagleProposer(Proposer):
 
     def _resume(self, st: _State, reused: int) -> _State:
         """The previous request's state, cut back to what its first ``reused`` tokens determine: entry j
-        (features at j, token j + 1) while j + 1 < reused, pending features at positions < reused."""
+        (features at j, token j + 1) while j + 1 < reused, pending features at positions < reused (a
+        head that never drafted for that request has only those: its prompt was owed)."""
         fed = min(st.fed, reused - 1 - st.base)
-        if fed <= 0:
-            st = _State(st.slot)
-        elif fed < st.fed:
-            st.fed, st.feats, st.last = fed, None, None  # the gap up to the new prompt is recomputed
-        elif st.feats is not None:  # ``last`` (entry base + fed - 1) stays valid
+        if fed < st.fed:  # the new prompt parts from the old tokens within the head's entries
+            if fed <= 0:
+                st = _State(st.slot)
+            else:
+                st.fed, st.feats, st.last = fed, None, None  # the gap up to the new prompt is recomputed
+        elif st.feats is not None:  # every entry stays (``last`` too); pending features while shared
             keep = reused - st.fstart
             st.feats = st.feats[:keep] if keep > 0 else None
+        if st.fed == 0 and st.feats is None:
+            st = _State(st.slot)
+        st.owed = 0  # what it holds pending is owed again only once this request's prefill hands it over
         self.kv.set_length(st.slot, st.fed)
         return st
 
@@ -130,12 +140,13 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def prefill(self, seq, start, end, hidden):
         """Prompt features from the engine's prefill (positions start .. end - 1; none are recomputed,
-        except those of a prefix-cache hit before ``start``), fed to the head at once."""
+        except those of a prefix-cache hit before ``start``), kept pending for the first proposal."""
         st = self._state(seq)
         self._add_features(st, start, self.head.features(*hidden))
         self._fill_gap(seq, st, end)
-        if st.feats is not None:
+        if st.feats is not None and len(st.feats) > 2 * PROMPT_WINDOW:  # a long prompt: fed as it comes
             self._feed_pending([seq], [st])
+        st.owed = 0 if st.feats is None else len(st.feats)  # all that is pending: prefill's to feed
 
     def prefill_start(self, seq, cached):
         """After a prefix-cache hit: the first of the ``cached`` positions whose features the head lacks.
@@ -167,11 +178,11 @@ class EagleProposer(Proposer):
         hold features for the whole answer and feed them all in one stall when chosen. The head then
         restarts at those positions, its older entries dropped, as after a prefix-cache hit whose
         entries were not kept."""
-        if st.feats is None or len(st.feats) <= 2 * PROMPT_WINDOW:
+        if st.feats is None or len(st.feats) - st.owed <= 2 * PROMPT_WINDOW:
             return
         drop = len(st.feats) - PROMPT_WINDOW
         st.feats, st.fstart = st.feats[drop:].clone(), st.fstart + drop  # a copy: the old buffer goes
-        st.buf = None
+        st.buf, st.owed = None, 0
         st.base, st.fed, st.last = st.fstart, 0, None
         self.kv.set_length(st.slot, 0)
 
@@ -249,6 +260,7 @@ class EagleProposer(Proposer):
         for b, (st, k) in enumerate(zip(states, n)):
             st.fed += k
             st.feats = st.buf = None
+            st.owed = 0
             st.last = x[b, k - 1].clone()  # not a view that keeps the whole forward's output
             self.kv.set_length(st.slot, st.fed)
         if self._bulk(T):  # a prompt chunk or a catch-up: what an entry costs in bulk
@@ -304,9 +316,12 @@ class EagleProposer(Proposer):
 
     def catch_up_cost(self, seqs) -> float:
         """The entries a proposal would feed first, beyond one verify's commit (those are part of a
-        tree level's measured cost), at the measured cost of an entry fed in bulk."""
-        n = sum(len(st.feats) for seq in seqs for st in [seq.draft_state]
-                if st is not None and st.feats is not None and self._bulk(len(st.feats)))
+        tree level's measured cost) and those prefill owes (the module doc), at the measured cost of
+        an entry fed in bulk."""
+        n = sum(m for seq in seqs for st in [seq.draft_state] if st is not None and st.feats is not None
+                for m in [len(st.feats) - st.owed] if self._bulk(m))
+        if n and self._entry_cost is None:  # no bulk feed yet (prompts are owed): measure one
+            self._entry_cost = self._calibrate_entries()
         return n * (self._entry_cost or 0.0)
 
     def draft_cost(self, n_seqs: int = 1) -> float:
@@ -327,6 +342,20 @@ class EagleProposer(Proposer):
                           backend=self.target.attention)
             with use_context(ctx, dev):
                 return self.timer.best_of(lambda: h.logits(h.step(h.embed(ids), x, pos)).topk(K, dim=-1))
+
+
+    @torch.inference_mode()
+    def _calibrate_entries(self, n: int = 64) -> float:
+        """Seconds per entry of a bulk feed: n causal entries on a scratch slot, as _feed_pending runs them."""
+        h, c, dev = self.head, self.head.cfg, self.head.device
+        width = c.target_hidden_size * (len(c.aux_layers) if c.kind == "eagle3" else 1)
+        feats = torch.zeros(1, n, width, dtype=h.dtype, device=dev)
+        ids = torch.zeros(1, n, dtype=torch.long, device=dev)
+        pos = torch.arange(n, device=dev)[None]
+        with self.kv.scratch_slot() as slot:
+            ctx = Context(self.kv, [slot], [0], [n], backend=self.target.attention)
+            with use_context(ctx, dev):
+                return self.timer.best_of(lambda: h.step(h.embed(ids), h.project(feats), pos), reps=2) / n
 
 
 def _select(cands: list[tuple], n: int) -> DraftTree:

@@ -52,7 +52,9 @@ class Proposer:
       len(seq.tokens) - 2.
     - ``prefill(seq, start, end, hidden)`` is called after each chunk of the target's prefill (prompt
       positions start .. end - 1, ``hidden`` as in commit, for those positions): a drafter with its
-      own cache ingests the prompt then (time to first token), not inside the first draft it makes.
+      own cache ingests the prompt then (time to first token), or keeps what it needs and owes the
+      work to its first draft (an EAGLE head: a request it never drafts for never pays for it);
+      owed prompt work is not a catch-up (below), as a drafter that ingested at prefill paid it anyway.
     - ``prefill_start(seq, cached)``: a request was admitted with its first ``cached`` prompt positions
       already in the target's cache (a prefix-cache hit); the first position whose hidden states the
       proposer still needs (<= cached). The engine prefills again from there, so those states come
