@@ -72,6 +72,27 @@ def test_ngram_mod_chains_lookups_through_the_table():
     assert prop.used == len({tuple(Seq.tokens[i - 2:i]) for i in range(2, len(Seq.tokens))})
 
 
+@needs_suffix
+def test_suffix_reads_the_tokens_committed_since_its_last_proposal():
+    """Commits cost the suffix tree nothing (a full batch commits for steps on end without proposing):
+    the next proposal adds every token committed since, so a request's own output repeating is drafted."""
+    from specdecode.speculative.suffix import SuffixProposer
+
+    prop = SuffixProposer(SpecConfig(spec_type="suffix"))
+
+    class Seq:
+        prompt_ids = [1, 2, 3]
+        tokens = list(prompt_ids)
+        draft_state = None
+
+    prop.prefill(Seq, 0, 2)
+    for t in [10, 11, 12, 13, 14, 15, 16, 17, 10, 11, 12, 13]:  # its own output, then a repeat begins
+        Seq.tokens = Seq.tokens + [t]
+        prop.commit(Seq, 0)
+    assert prop.propose([Seq], [4])[0].tokens == [14, 15, 16, 17]
+    prop.release(Seq)
+
+
 def test_spec_type_lists_are_validated():
     assert SpecConfig(spec_type="ngram-mod,ngram").spec_type == "ngram-mod,ngram"
     for bad in ("ngram,ngram", "nope", "none,ngram", "auto,ngram", ""):

@@ -5,7 +5,9 @@ One cache for the engine holds a suffix tree per active request (its prompt and 
 a global tree of the outputs of recent finished requests. A proposal matches the last tokens of the
 request against both and returns a tree of likely continuations; its size follows the match:
 at most ``max_spec_factor`` x the matched length (vLLM's adaptive speculation length), only
-branches whose empirical probability reaches ``min_token_prob``. Deterministic drafts.
+branches whose empirical probability reaches ``min_token_prob``. Deterministic drafts. A request's
+tree takes its new tokens only when it is read (a proposal) or closed (release): in a full batch, where
+drafting does not pay and nothing is proposed for steps on end, a commit costs nothing.
 
 arctic_inference is installed by install.sh (its sdist builds on any CPU with a C++20 compiler;
 see the README); without it, --spec-type suffix is a clear error and ``auto`` leaves it out."""
@@ -89,8 +91,7 @@ class SuffixProposer(Proposer):
         return trees
 
     def commit(self, seq, num_accepted, hidden=None):
-        if seq.draft_state is not None:
-            self._sync(seq)
+        pass  # the request's tree learns its new tokens when it is next read (propose) or closed (release)
 
     def release(self, seq):
         if seq.draft_state is not None:
