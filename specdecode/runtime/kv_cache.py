@@ -17,6 +17,7 @@ import torch
 
 from ..errors import OutOfMemoryBudgetError
 
+CLEAN_AHEAD = 64  # entries a slot's zeroing runs past what a forward reads (a few KiB per layer)
 
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, max_len: int, num_kv_heads: int,
@@ -110,12 +111,15 @@ class KVCache:
 
     def clean(self, slots: list[int], total_len: int) -> None:
         """Zeroes, in every layer, the entries [0, total_len) of these slots that were never written,
-        so that a reader of that range sees finite values (a forward calls it before its writes)."""
+        so that a reader of that range sees finite values (a forward calls it before its writes). It
+        zeroes CLEAN_AHEAD entries more at a time: a decoding slot reads one entry further each step,
+        and two strided fills per slot and step cost ~0.3 ms in a batch of 8."""
         for slot in slots:
             if self._clean[slot] < total_len:
-                self.k[:, slot, :, self._clean[slot]:total_len] = 0
-                self.v[:, slot, :, self._clean[slot]:total_len] = 0
-                self._clean[slot] = total_len
+                end = min(self.max_len, total_len + CLEAN_AHEAD)
+                self.k[:, slot, :, self._clean[slot]:end] = 0
+                self.v[:, slot, :, self._clean[slot]:end] = 0
+                self._clean[slot] = end
 
     def set_length(self, slot: int, length: int) -> None:
         assert 0 <= length <= self.max_len
