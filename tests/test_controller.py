@@ -346,7 +346,7 @@ def test_the_gate_closes_a_batch_size_where_speculation_lost_and_backs_off():
     """A window of GATE_WINDOW steps that spent more than plain decoding would have on the same tokens
     closes speculation at that batch size for GATE_PAUSE steps, doubling per losing window in a row
     (capped); other batch sizes stay open, and a window that paid resets the backoff."""
-    from specdecode.speculative.controller import GATE_BACKOFF_MAX, GATE_PAUSE, GATE_WINDOW, SpeculationGate
+    from specdecode.speculative.gate import GATE_BACKOFF_MAX, GATE_PAUSE, GATE_WINDOW, SpeculationGate
 
     def window(gate, batch, tokens, seconds, plain=1.0):
         for _ in range(GATE_WINDOW):
@@ -379,7 +379,7 @@ def test_a_closed_gate_decodes_plainly_and_then_speculates_again():
     drafts nothing (the proposer is not called) and counts as gated; then drafting resumes. Output
     stays plain greedy."""
     from specdecode import SamplingParams
-    from specdecode.speculative.controller import _Window
+    from specdecode.speculative.gate import _Window
     from tiny_models import tiny_llm
 
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)

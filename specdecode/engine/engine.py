@@ -26,8 +26,8 @@ from ..runtime.timer import Timer
 from ..sampling import RandomStream
 from ..sampling_params import SamplingParams
 from ..speculative import make_proposer
-from ..speculative.controller import (AcceptanceEstimate, CostModel, SpeculationGate, best_rate,
-                                      choose_batch_draft_length)
+from ..speculative.controller import AcceptanceEstimate, CostModel, best_rate, choose_batch_draft_length
+from ..speculative.gate import SpeculationGate
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .prefix_cache import PrefixCache

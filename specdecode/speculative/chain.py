@@ -1,7 +1,7 @@
 """Several drafters behind one proposer (``--spec-type suffix,ngram-mod,draft``, and ``auto``): per step
 and per sequence, the draft comes from the member with the best expected tokens per unit of cost.
 
-Each member keeps its own per-request state (a ``_View`` gives it its own ``draft_state``) and its own
+Each member keeps its own per-request state (a ``MemberView`` gives it its own ``draft_state``) and its own
 acceptance record per request. A model member's prior is its engine-wide record (``pools``, which a
 request's records join when it finishes; see controller.py): a new request starts from what it recently
 achieved, not from the optimistic prior. Every record fades each step, the chosen member's or not, so a
@@ -40,52 +40,12 @@ other's. A sampled model draft (a draft model at T > 0) carries draft probabilit
 alone: the p/q rule is not defined for a node with one sampled and one deterministic sibling here."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from itertools import zip_longest
 from typing import Callable
 
+from .chain_state import ChainState, MemberView, identity, reach, union_reach
 from .controller import CLASS_FADE, AcceptanceEstimate, catch_up_share
 from .proposer import Proposer
 from .tree import DraftTree
-
-
-class _View:
-    """A member's view of a sequence: the sequence itself, with the member's own ``draft_state``."""
-
-    def __init__(self, seq, state: list, i: int):
-        object.__setattr__(self, "_seq", seq)
-        object.__setattr__(self, "_state", state)
-        object.__setattr__(self, "_i", i)
-
-    def __getattr__(self, name):
-        return getattr(self._seq, name)
-
-    @property
-    def draft_state(self):
-        return self._state[self._i]
-
-    def __setattr__(self, name, value):  # (a property setter would never run: this comes first)
-        if name == "draft_state":
-            self._state[self._i] = value
-        else:
-            setattr(self._seq, name, value)
-
-
-@dataclass
-class _State:
-    members: list  # each member's own draft_state
-    acceptance: list[AcceptanceEstimate]  # each member's record for this request
-    evidence: list[dict[int, AcceptanceEstimate]]  # each member's records per evidence class (DraftTree.evidence)
-    cls: dict[int, int] = field(default_factory=dict)  # member -> the evidence class of its draft this step
-    seen: dict[int, tuple[int, int]] = field(default_factory=dict)  # member -> (positions seen, right) of those
-    proposed: bool = False  # propose() built this step's draft (else none of ``ready`` was verified)
-    choice: int | None = None  # the member drafting this step (None: plain decoding)
-    ready: dict[int, DraftTree] = field(default_factory=dict)  # drafts the draftless members found this step
-    # (draftless member, its leading nodes) whose draft joins the chosen model member's tree this step
-    merged: tuple[int, int] | None = None
-    room: int = 0  # the most nodes this step's draft may have (the room plan was given)
-    own: DraftTree | None = None  # the chosen member's own draft, when merged
-    matched: dict[int, int] = field(default_factory=dict)  # member -> its own draft's accepted tokens
 
 
 class ChainProposer(Proposer):
@@ -106,13 +66,13 @@ class ChainProposer(Proposer):
         self.class_pools: list[dict[int, AcceptanceEstimate]] = [{} for _ in self.members]
 
     # -- per-sequence state -----------------------------------------------------------------------
-    def _st(self, seq) -> _State:
+    def _st(self, seq) -> ChainState:
         if seq.draft_state is None:
             n = len(self.members)
-            seq.draft_state = _State([None] * n, [AcceptanceEstimate(pool=p) for p in self.pools], [{} for _ in range(n)])
+            seq.draft_state = ChainState([None] * n, [AcceptanceEstimate(pool=p) for p in self.pools], [{} for _ in range(n)])
         return seq.draft_state
 
-    def _record(self, st: _State, i: int) -> AcceptanceEstimate:
+    def _record(self, st: ChainState, i: int) -> AcceptanceEstimate:
         """Member i's record for this request that values (and then observes) its draft this step: the
         record of the draft's evidence class where it has one, else the member's record."""
         c = st.cls.get(i, 0)
@@ -124,8 +84,8 @@ class ChainProposer(Proposer):
             rec = st.evidence[i][c] = AcceptanceEstimate(pool=pool)
         return rec
 
-    def _view(self, seq, i: int) -> _View:
-        return _View(seq, self._st(seq).members, i)
+    def _view(self, seq, i: int) -> MemberView:
+        return MemberView(seq, self._st(seq).members, i)
 
     # -- choosing -----------------------------------------------------------------------------------
     def plan(self, seqs, rooms: list[int], value: Callable, fixed: bool = False,
@@ -155,7 +115,7 @@ class ChainProposer(Proposer):
             if st.choice is not None:
                 self._chosen.add(st.choice)
 
-    def _find(self, seq, st: _State, i: int, room: int) -> bool:
+    def _find(self, seq, st: ChainState, i: int, room: int) -> bool:
         """Runs draftless member i on seq; keeps what it found in st.ready."""
         m = self.members[i]
         tree = m.propose([self._view(seq, i)], [min(room, m.max_tokens)])[0]
@@ -165,7 +125,7 @@ class ChainProposer(Proposer):
                 st.cls[i] = tree.evidence
         return bool(len(tree))
 
-    def _fixed_choice(self, seq, st: _State, room: int) -> None:
+    def _fixed_choice(self, seq, st: ChainState, room: int) -> None:
         """--draft-fixed: the first member with a draft drafts. With --spec-merge always, the first
         model member drafts whenever there is one, and the first draftless draft found joins it."""
         models = [i for i, m in enumerate(self.members) if not m.draftless]
@@ -180,8 +140,8 @@ class ChainProposer(Proposer):
                     st.choice = i
                 return
 
-    def _valued_choice(self, seq, st: _State, room: int, n: int, value: Callable, verify) -> None:
-        best, best_rate, best_k = None, value([], 0.0, _identity, 0)[0], 0
+    def _valued_choice(self, seq, st: ChainState, room: int, n: int, value: Callable, verify) -> None:
+        best, best_rate, best_k = None, value([], 0.0, identity, 0)[0], 0
         for i, m in enumerate(self.members):
             if m.draftless:
                 if not self._find(seq, st, i, room):
@@ -200,12 +160,12 @@ class ChainProposer(Proposer):
         m = self.members[best]
         d = m.depth(best_k)
         cost = m.draft_cost(n) * d + catch_up_share(m.catch_up_cost([self._view(seq, best)]))  # as value prices it
-        base = _reach(self._record(st, best).alphas(d))
+        base = reach(self._record(st, best).alphas(d))
         for i, tree in st.ready.items():
             depths = tree.depths()
-            ps = _reach(self._record(st, i).alphas(max(depths)))
+            ps = reach(self._record(st, i).alphas(max(depths)))
             for j in range(1, min(len(tree), room - best_k) + 1):
-                gain = 1.0 + sum(_either(base, ps[:max(depths[:j])]))
+                gain = 1.0 + sum(union_reach(base, ps[:max(depths[:j])]))
                 rate = gain / (cost + verify(best_k + j + 1))
                 if rate > best_rate or self.merge == "always":
                     best_rate, st.merged = rate, (i, j)
@@ -221,9 +181,9 @@ class ChainProposer(Proposer):
         if st.merged is not None:  # the union reaches position d if either draft does (see the module doc)
             i, j = st.merged
             tree = st.ready[i]
-            other = _reach(self._record(st, i).alphas(max(tree.depths()[:j])))
-            reach = _either(_reach(alphas), other)
-            alphas = [r / q if q > 0 else 0.0 for r, q in zip(reach, [1.0] + reach)]
+            other = reach(self._record(st, i).alphas(max(tree.depths()[:j])))
+            both = union_reach(reach(alphas), other)
+            alphas = [r / q if q > 0 else 0.0 for r, q in zip(both, [1.0] + both)]
         return alphas
 
     def observe(self, seq, k: int, drafted: int, accepted: int) -> None:
@@ -348,23 +308,3 @@ class ChainProposer(Proposer):
         for i, m in enumerate(self.members):
             m.release(self._view(seq, i))
         seq.draft_state = None
-
-
-def _identity(k: int) -> int:
-    return k
-
-
-def _either(pa: list[float], pb: list[float]) -> list[float]:
-    """Per position, the probability that a union reaches it when either of two independent drafts
-    does (pa, pb: each draft's own; a shorter list reaches no further)."""
-    return [a + b - a * b for a, b in zip_longest(pa, pb, fillvalue=0.0)]
-
-
-def _reach(alphas: list[float]) -> list[float]:
-    """[P(position 1 is accepted), P(positions 1..2 are), ...] from per-position acceptances given the
-    earlier ones (alphas)."""
-    out, run = [], 1.0
-    for a in alphas:
-        run *= a
-        out.append(run)
-    return out

@@ -1,27 +1,26 @@
 """EAGLE proposer (``--spec-type eagle3`` / ``eagle``): a draft head on the target's hidden states,
 growing a token tree EAGLE-2 style with SGLang's knobs.
 
-Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's
-entry for position base + i (entry j = target features at j + embedding of token j+1; see
-models/eagle.py), ``fed`` committed entries, the head's output at the newest of them (``last``: it
-drafts depth 1), and pending target features (handed to ``prefill`` and ``commit``) not fed yet. The
-prompt's entries are owed, not fed: the prefill keeps its features pending (``owed``) and the head's
-first proposal feeds them, so a request the controller never drafts with (a full batch, text the head
-does not predict) never pays for them. They are not a catch-up: a drafter that fed its prompt during
-prefill would have paid them whether or not it drafted, so ``catch_up_cost`` leaves them out and the
-choice to draft is the one that drafter would make. A prompt longer than 2 PROMPT_WINDOW is fed as its
-chunks arrive (what is pending stays bounded). A finished request's state is kept for
-its target slot's next request (speculative/kept.py): after a prefix-cache hit the head keeps the
-entries of the shared tokens, and only the positions the hit leaves are fed. A proposal feeds the pending entries (one
-verify's worth, or more after steps in which a chain chose another drafter), then grows the tree: depth
-1 = the top-k tokens of the last entry; each later step feeds the k best frontier nodes (by path
-log-probability) as entries that see the committed prefix and their own ancestors (tree mask), and
-scores their top-k children; finally the best ``num_draft_tokens - 1`` nodes overall are kept (parents
-score at least as high as their children, so the set is closed under ancestors). Draft entries are
-written past ``fed`` and never committed: the next commit drops them, and the accepted tokens re-enter
-with the target's own features. Tokens are chosen deterministically (top-k), so the tree carries no
-draft distributions and the shared accept() is exact at any temperature (a deterministic draft is the
-one-hot q)."""
+Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's entry
+for position base + i (entry j = target features at j + embedding of token j+1; see models/eagle.py), ``fed``
+committed entries, the head's output at the newest of them (``last``: it drafts depth 1), and pending target
+features (handed to ``prefill`` and ``commit``) not fed yet. The prompt's entries are owed, not fed: the
+prefill keeps its features pending (``owed``) and the head's first proposal feeds them, so a request the
+controller never drafts with (a full batch, text the head does not predict) never pays for them. They are not
+a catch-up: a drafter that fed its prompt during prefill would have paid them whether or not it drafted, so
+``catch_up_cost`` leaves them out and the choice to draft is the one that drafter would make. A prompt longer
+than 2 PROMPT_WINDOW is fed as its chunks arrive (what is pending stays bounded). A finished request's state
+is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the head keeps the
+entries (and pending features) of the shared tokens, and only the positions the hit leaves are fed. A proposal
+feeds the pending entries (one verify's worth, or more after steps in which a chain chose another drafter),
+then grows the tree (speculative/eagle_tree.py): depth 1 = the top-k tokens of the last entry; each later step
+feeds the k best frontier nodes (by path log-probability) as entries that see the committed prefix and their
+own ancestors (tree mask), and scores their top-k children; finally the best ``num_draft_tokens - 1`` nodes
+overall are kept (parents score at least as high as their children, so the set is closed under ancestors).
+Draft entries are written past ``fed`` and never committed: the next commit drops them, and the accepted
+tokens re-enter with the target's own features. Tokens are chosen deterministically (top-k), so the tree
+carries no draft distributions and the shared accept() is exact at any temperature (a deterministic draft is
+the one-hot q)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from ..runtime.context import Context, use_context
 from ..runtime.kv_cache import KVCache
 from ..runtime.target import Target
 from .controller import DraftCost, ema
+from .eagle_tree import grow, select
 from .kept import KeptStates
 from .proposer import Proposer
 from .tree import DraftTree
@@ -232,9 +232,10 @@ class EagleProposer(Proposer):
         x_last = torch.stack([st.last for st in states])
         keep = [min(max_tokens[b], self.max_tokens) for b in rows]
         steps = min(self.spec.num_steps, max(keep))
-        cands = self._grow(x_last, states, [len(seqs[b].tokens) - 1 for b in rows], steps)
+        cands = grow(self.head, self.kv, self.target.attention, self.spec.eagle_topk, x_last,
+                     [(st.slot, st.fed) for st in states], [len(seqs[b].tokens) - 1 for b in rows], steps)
         for i, b in enumerate(rows):
-            trees[b] = _select(cands[i], keep[i])
+            trees[b] = select(cands[i], keep[i])
         if not catch_up:
             self._step_cost.observe(len(rows), (self.timer.now() - t0) / steps)
         return trees
@@ -265,48 +266,6 @@ class EagleProposer(Proposer):
             self.kv.set_length(st.slot, st.fed)
         if self._bulk(T):  # a prompt chunk or a catch-up: what an entry costs in bulk
             self._entry_cost = ema(self._entry_cost, (self.timer.now() - t0) / (B * T))
-
-    def _grow(self, x_last: torch.Tensor, states, root_pos: list[int], steps: int) -> list[list[tuple]]:
-        """EAGLE-2 expansion for B rows at once. Returns per row the candidates in creation order as
-        (score, target token, parent candidate index or -1, depth)."""
-        h, K = self.head, self.spec.eagle_topk
-        B, dev = x_last.shape[0], x_last.device
-        logp = torch.log_softmax(h.logits(x_last), -1)  # [B, Vd]
-        score, tok = logp.topk(K, dim=-1)  # [B, K] frontier = the root's children
-        tgt = h.to_target(tok)
-        cands = [[(sc, t, -1, 1) for sc, t in zip(srow, trow)] for srow, trow in zip(score.tolist(), tgt.tolist())]
-        front = torch.arange(K).expand(B, K).clone()  # candidate index of each frontier node
-        hid = x_last[:, None].expand(B, K, -1)  # parent's output for each frontier node
-        D = (steps - 1) * K  # draft entries written this proposal (frontiers of depths 1 .. steps-1)
-        vis = torch.zeros(B, K, max(D, 1), dtype=torch.bool)  # draft entries each frontier node sees
-        fed = torch.tensor([st.fed for st in states]).view(B, 1, 1)
-        rel = torch.arange(int(fed.max()) + D).view(1, 1, -1) - fed  # [B, 1, L] key index relative to fed
-        for d in range(2, steps + 1):
-            off, Ld = (d - 2) * K, int(fed.max()) + (d - 1) * K  # Ld: keys the head sees this step
-            vis[:, torch.arange(K), off + torch.arange(K)] = True
-            r = rel[..., :Ld]
-            drafted = vis.gather(2, r.clamp(0, D - 1).expand(B, K, Ld)) & (r >= 0) & (r < D)
-            mask = (r < 0) | drafted  # [B, K, Ld]: the committed prefix, the node's ancestors and itself
-            pos = torch.tensor(root_pos).view(B, 1) + d - 2
-            ctx = Context(self.kv, [st.slot for st in states], [st.fed + off for st in states], [K] * B,
-                          attn_mask=mask[:, None].to(dev), backend=self.target.attention)
-            with use_context(ctx, dev):
-                x = h.step(h.embed(tgt), hid, pos.expand(B, K).to(dev))
-            logp = torch.log_softmax(h.logits(x), -1) + score[..., None]  # [B, K, Vd] path log-probs
-            cs, ct = logp.topk(K, dim=-1)  # [B, K, K] each frontier node's best children
-            ctg = h.to_target(ct)
-            best = cs.flatten(1).topk(K, dim=-1).indices  # [B, K] next frontier among the K*K children
-            cs_l, ctg_l, best_c = cs.flatten(1).tolist(), ctg.flatten(1).tolist(), best.cpu()
-            for b in range(B):
-                base = len(cands[b])
-                cands[b] += [(cs_l[b][i], ctg_l[b][i], int(front[b, i // K]), d) for i in range(K * K)]
-                front[b] = base + best_c[b]
-            par = torch.div(best_c, K, rounding_mode="floor")
-            score = cs.flatten(1).gather(1, best)
-            tgt = ctg.flatten(1).gather(1, best)
-            hid = x.gather(1, par.to(dev)[..., None].expand(B, K, x.shape[-1]))
-            vis = vis.gather(1, par[..., None].expand(B, K, vis.shape[-1]))
-        return cands
 
     # -- cost ------------------------------------------------------------------------------------
     def _bulk(self, entries: int) -> bool:
@@ -356,12 +315,3 @@ class EagleProposer(Proposer):
             ctx = Context(self.kv, [slot], [0], [n], backend=self.target.attention)
             with use_context(ctx, dev):
                 return self.timer.best_of(lambda: h.step(h.embed(ids), h.project(feats), pos), reps=2) / n
-
-
-def _select(cands: list[tuple], n: int) -> DraftTree:
-    """The n best candidates by path log-prob (ties: earlier first, so a parent precedes its child),
-    in creation order (parents before children, siblings best first)."""
-    order = sorted(range(len(cands)), key=lambda i: (-cands[i][0], i))[:n]
-    keep = sorted(order)
-    index = {c: i for i, c in enumerate(keep)}
-    return DraftTree([cands[c][1] for c in keep], [index[cands[c][2]] if cands[c][2] >= 0 else -1 for c in keep])

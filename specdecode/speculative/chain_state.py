@@ -1,0 +1,71 @@
+"""A chain's per-request state (speculative/chain.py) and the arithmetic of a merged draft's reach."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import zip_longest
+
+from .controller import AcceptanceEstimate
+from .tree import DraftTree
+
+
+class MemberView:
+    """A member's view of a sequence: the sequence itself, with the member's own ``draft_state``."""
+
+    def __init__(self, seq, state: list, i: int):
+        object.__setattr__(self, "_seq", seq)
+        object.__setattr__(self, "_state", state)
+        object.__setattr__(self, "_i", i)
+
+    def __getattr__(self, name):
+        return getattr(self._seq, name)
+
+    @property
+    def draft_state(self):
+        return self._state[self._i]
+
+    def __setattr__(self, name, value):  # (a property setter would never run: this comes first)
+        if name == "draft_state":
+            self._state[self._i] = value
+        else:
+            setattr(self._seq, name, value)
+
+
+@dataclass
+class ChainState:
+    """One request's state in a chain: each member's own state and records, and what ``plan`` chose and
+    found for it this step."""
+
+    members: list  # each member's own draft_state
+    acceptance: list[AcceptanceEstimate]  # each member's record for this request
+    evidence: list[dict[int, AcceptanceEstimate]]  # each member's records per evidence class (DraftTree.evidence)
+    cls: dict[int, int] = field(default_factory=dict)  # member -> the evidence class of its draft this step
+    seen: dict[int, tuple[int, int]] = field(default_factory=dict)  # member -> (positions seen, right) of those
+    proposed: bool = False  # propose() built this step's draft (else none of ``ready`` was verified)
+    choice: int | None = None  # the member drafting this step (None: plain decoding)
+    ready: dict[int, DraftTree] = field(default_factory=dict)  # drafts the draftless members found this step
+    # (draftless member, its leading nodes) whose draft joins the chosen model member's tree this step
+    merged: tuple[int, int] | None = None
+    room: int = 0  # the most nodes this step's draft may have (the room plan was given)
+    own: DraftTree | None = None  # the chosen member's own draft, when merged
+    matched: dict[int, int] = field(default_factory=dict)  # member -> its own draft's accepted tokens
+
+
+def identity(k: int) -> int:
+    """The depth of a chain of k tokens: the plain-decoding value's ``depth``."""
+    return k
+
+
+def union_reach(pa: list[float], pb: list[float]) -> list[float]:
+    """Per position, the probability that a union reaches it when either of two independent drafts
+    does (pa, pb: each draft's own; a shorter list reaches no further)."""
+    return [a + b - a * b for a, b in zip_longest(pa, pb, fillvalue=0.0)]
+
+
+def reach(alphas: list[float]) -> list[float]:
+    """[P(position 1 is accepted), P(positions 1..2 are), ...] from per-position acceptances given the
+    earlier ones (alphas)."""
+    out, run = [], 1.0
+    for a in alphas:
+        run *= a
+        out.append(run)
+    return out
