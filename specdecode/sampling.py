@@ -59,7 +59,7 @@ def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[Sampl
         # top-k: keep everything >= the k-th largest value; rows with k disabled keep all.
         k_on = (top_k > 0) & (top_k < v)
         kth = head.gather(-1, torch.where(k_on, top_k, torch.ones_like(top_k)) - 1)  # [N, 1]
-        scaled = scaled.masked_fill(k_on & (scaled < kth), float("-inf"))
+        scaled.masked_fill_(k_on & (scaled < kth), float("-inf"))  # scaled is ours (the division made it)
     probs = torch.softmax(scaled, dim=-1)
 
     if use_top_p:
@@ -78,13 +78,13 @@ def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[Sampl
             order = (scaled.topk(m, dim=-1) if m < v else scaled.sort(dim=-1, descending=True)).indices
         cutoff = sorted_probs.gather(-1, n_keep - 1)
         cutoff = torch.where(top_p < 1, cutoff, torch.zeros_like(cutoff))
-        probs = probs.masked_fill(probs < cutoff, 0.0)
+        probs.masked_fill_(probs < cutoff, 0.0)
 
     if any(p.min_p > 0 for p in rows):
         # Relative to the most likely token; renormalisation does not change the ratio.
-        probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0.0)
+        probs.masked_fill_(probs < min_p * probs.amax(-1, keepdim=True), 0.0)
 
-    probs = probs / probs.sum(-1, keepdim=True)  # sum >= the argmax's probability > 0
+    probs.div_(probs.sum(-1, keepdim=True))  # sum >= the argmax's probability > 0 (probs: softmax's own)
     if any(p.greedy for p in rows):
         one_hot = torch.zeros_like(probs).scatter_(-1, argmax_rows(logits)[:, None].to(probs.device), 1.0)
         probs = torch.where(greedy, one_hot, probs)
@@ -129,19 +129,38 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], prom
     return out
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None) -> torch.Tensor:
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: torch.Tensor | None = None,
+           rows: torch.Tensor | None = None) -> torch.Tensor:
     """probs [N, V] → tokens [N] long; the same generator state gives the same tokens. ``u`` [N]:
     the uniforms to use instead of drawing them from ``generator`` (rows with their own generators).
+    ``rows`` (int64 [R]): sample rows ``probs[rows]`` instead (tokens [R]), without gathering them.
 
     Inverse CDF with one uniform per row: the first index whose cumulative mass exceeds u · total.
     Several times faster on CPU than torch.multinomial / an exponential race, which draw V random
     numbers per row, and it never forces a device sync. The cumulative sum is in float64, so its
     rounding is far below float32 probability resolution; a zero-probability token is never picked
     (its CDF step is exactly flat). u is drawn in float32 (<= 1 - 2^-24), so u · total < total and the
-    index stays in range. Rows with a single non-zero entry (greedy) give their argmax."""
-    cdf = probs.double().cumsum(-1)  # [N, V]
+    index stays in range. Rows with a single non-zero entry (greedy) give their argmax. On the CPU the
+    native kernel (kernels/sample.c) gives the same tokens without the float64 copies."""
+    n = probs.shape[0] if rows is None else len(rows)
     if u is None:
-        u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
+        u = torch.rand(n, 1, generator=generator, device=probs.device)
+    k = native_kernels()
+    if k is not None and probs.device.type == "cpu" and probs.dtype == torch.float32 and probs.dim() == 2 \
+            and probs.stride(-1) == 1:
+        tokens = k.sample_rows(probs, u.reshape(-1).double().contiguous(),
+                               None if rows is None else rows.to(torch.long).contiguous())
+        bad = tokens < 0  # rows with NaN, infinities or negative entries: PyTorch's path below decides them
+        if bool(bad.any()):
+            picked = probs if rows is None else probs[rows]
+            tokens[bad] = _sample_rows(picked[bad], u.reshape(-1, 1)[bad])
+        return tokens
+    return _sample_rows(probs if rows is None else probs[rows], u)
+
+
+def _sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """sample's rule in PyTorch: probs [N, V], u [N] or [N, 1]."""
+    cdf = probs.double().cumsum(-1)  # [N, V]
     u = u.reshape(-1, 1).to(probs.device).double()
     drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
     deterministic = (probs > 0).sum(-1) == 1

@@ -192,6 +192,35 @@ def test_sample_greedy_rows_and_zero_probabilities():
     assert set(out[:, 2].tolist()) == {0, 1}  # trailing zeros are never reached
 
 
+def test_native_sampling_is_the_pytorch_rule_bit_for_bit():
+    """sample()'s native kernel gives the PyTorch rule's token on every row: processed rows of several
+    vocabulary sizes (block tails), uniforms at the ends of [0, 1), u · total on a CDF step (the step's
+    own index is not taken), one-positive and all-zero rows, rows picked by index, and rows with NaN,
+    infinities or negative entries (left to PyTorch's path)."""
+    from specdecode.sampling import _sample_rows
+
+    if native_kernels() is None:
+        pytest.skip("no native kernels here")
+    g = torch.Generator().manual_seed(0)
+    for vocab in (151936, 5000, 1024, 37, 3):
+        logits = torch.randn(64, vocab, generator=g) * torch.rand(64, 1, generator=g) * 8
+        params = [SamplingParams(temperature=0.3 + i % 5 / 4, top_k=[0, 1, 40][i % 3], top_p=[1.0, 0.9][i % 2])
+                  for i in range(64)]
+        probs = process_logits(logits, params)
+        u = torch.rand(64, generator=g)
+        u[:2] = torch.tensor([0.0, 1 - 2**-24])
+        assert torch.equal(sample(probs, u=u), _sample_rows(probs, u)), vocab
+        rows = torch.randint(0, 64, (16,), generator=g)
+        assert torch.equal(sample(probs, u=u[:16], rows=rows), _sample_rows(probs[rows], u[:16]))
+    # u · total landing exactly on a step: the first index whose CDF exceeds it
+    steps = torch.tensor([[0.25, 0.25, 0.0, 0.5], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]])
+    u = torch.tensor([0.5, 0.3, 0.9])
+    assert sample(steps, u=u).tolist() == _sample_rows(steps, u).tolist() == [3, 3, 2]
+    odd = torch.tensor([[0.2, float("nan"), 0.8], [0.5, float("inf"), 0.5], [0.7, -0.1, 0.4], [0.1, 0.2, 0.7]])
+    u = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    assert torch.equal(sample(odd, u=u), _sample_rows(odd, u))
+
+
 def test_stop_cut_and_earliest_end_wins():
     sc = StopChecker(("END", "\n\n"))
     assert sc.feed("hello END world") == "hello " and sc.matched == "END"

@@ -124,7 +124,10 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
     if all(s.params.greedy for s in seqs):  # argmaxes of the (penalized) logits decide
         _, token, accepted = greedy_walk(tok, par, argmax_rows(rows)[index])
     else:
-        _, token, accepted = _accept_sampled(trees, seqs, tok, par, process_logits(rows, params)[index])
+        probs = process_logits(rows, params)  # [N, V]
+        # trees of one size lay their rows out as [B, n + 1] already: a view, not a copy of every row
+        probs = probs.view(B, n + 1, -1) if len(set(sizes)) == 1 else probs[index]
+        _, token, accepted = _accept_sampled(trees, seqs, tok, par, probs)
     accepted, token = accepted.cpu(), token.tolist()
     return [accepted[b, :len(t)].nonzero().flatten().tolist() for b, t in enumerate(trees)], token
 

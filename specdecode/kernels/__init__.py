@@ -1,10 +1,11 @@
 """Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
 
-One library from six sources (see their headers for why they exist and their exact arithmetic):
+One library from seven sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
 the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
 from the other three (``simd.h``: the vector helpers they share; ``layer.py``: its operands);
-``argmax.c``, row-wise argmax for greedy tokens; ``threads.c``, releasing a thread's OpenMP pool. It is
+``argmax.c``, row-wise argmax for greedy tokens; ``sample.c``, inverse-CDF sampling of probability
+rows; ``threads.c``, releasing a thread's OpenMP pool. It is
 built with ``-march=native`` into a per-user cache keyed by the sources, the compiler and the CPU, and
 called through ctypes: no PyTorch headers, so a build takes ~1 s. Where it cannot be built (no
 compiler, a CPU without AVX2/AVX512-VNNI, not x86) or ``SPECDECODE_NATIVE_KERNELS=0`` is set, callers
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 
 TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
-_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "argmax.c", "threads.c"))
+_SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "argmax.c",
+                                                      "sample.c", "threads.c"))
 _HEADERS = (Path(__file__).with_name("simd.h"),)
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
@@ -172,6 +174,15 @@ class NativeKernels:
                                         torch.get_num_threads())
         return out
 
+    def sample_rows(self, x: torch.Tensor, u: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """x float32 [N, V] with unit stride along V, u float64 [R] (R = N, or len(rows): int64 row ids of
+        x) -> int64 [R]: sampling.sample's token for each row, bit for bit; -1 where a row holds a NaN,
+        an infinity or a negative entry (sample.c)."""
+        out = torch.empty(len(u), dtype=torch.long)
+        self.lib.specdecode_sample_rows(x.data_ptr(), None if rows is None else rows.data_ptr(), len(u), x.shape[1],
+                                        x.stride(0), u.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        return out
+
     def release_threads(self) -> None:
         """Frees the calling thread's OpenMP worker pool (threads.c says why): call it on a thread that
         is done with parallel work before another thread takes it over."""
@@ -203,6 +214,8 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_release_threads.restype = i
     lib.specdecode_argmax_rows.argtypes = [p, i, i, ctypes.c_long, p, i]
     lib.specdecode_argmax_rows.restype = None
+    lib.specdecode_sample_rows.argtypes = [p, p, i, i, ctypes.c_long, p, p, i]
+    lib.specdecode_sample_rows.restype = None
     lib.specdecode_isa.restype = ctypes.c_char_p
     return NativeKernels(lib, lib.specdecode_isa().decode())
 

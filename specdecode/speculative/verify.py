@@ -176,9 +176,12 @@ def _exact_match(tokens: torch.Tensor, par: torch.Tensor, probs: torch.Tensor, u
     token = torch.zeros(b, dtype=torch.long, device=dev)
     accepted = torch.zeros(b, n, dtype=torch.bool, device=dev)
     active = torch.ones(b, dtype=torch.bool, device=dev)
+    flat = probs.reshape(b * (n + 1), -1)  # [B (n + 1), V]: sequence b's node row i at b (n + 1) + i
+    if flat.dtype != torch.float32:
+        flat = flat.float()
     depth = 0
     while True:
-        tok = sample(probs[rows, cur + 1].float(), u=u_target[:, depth])  # [B]
+        tok = sample(flat, u=u_target[:, depth], rows=rows * (n + 1) + cur + 1)  # [B]
         match = (parents == cur[:, None]) & (tokens == tok[:, None]) & active[:, None]  # [B, n]
         hit = match.any(1)
         token = torch.where(active & ~hit, tok, token)
