@@ -583,3 +583,24 @@ for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 21; done
 for f in "" -DPF_FAR=32768 -DPF_FAR=8192 -DPF_NEAR=2048 -DPF_NEAR=8192 ""; do
   SPECDECODE_NATIVE_FLAGS="$f" python scripts/bench_verify_curve.py --rounds 15
 done
+# Round 27 (Intel Xeon fam 6 model 207, 2 cores): auto's fixed work in a full batch; a native sampler.
+# "Before" is bcfb1b2 (round 26's last commit) in a second worktree.
+git worktree add /tmp/wt_base bcfb1b2
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+for i in 1 2; do
+  for wt in /tmp/wt_base $PWD; do
+    (cd $wt && python scripts/bench_batch_drafters.py --spec-types none,auto --prompts $P)
+  done
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 --prompts $P)
+done
+# the server, greedy (three invocations of each code over the session), then T = 0.7
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P)
+done
+for wt in /tmp/wt_base $PWD; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --rounds 2 --temperature 0.7 --seed 0 --prompts $P)
+done
