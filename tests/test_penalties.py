@@ -35,6 +35,32 @@ def test_apply_penalties_matches_the_formulas():
     assert torch.equal(out[1], logits[1])  # no penalty: the row as it came
 
 
+def test_penalties_touch_only_seen_tokens_yet_equal_the_whole_row_formula():
+    """apply_penalties updates each row's seen tokens alone; its rows equal the whole-row formula bit
+    for bit (zero logits included, whose sign a negative penalty flips there), whatever the mix of
+    settings in the batch."""
+    from specdecode.sampling import _penalize_rows
+
+    g = torch.Generator().manual_seed(1)
+    vocab = 3000
+    logits = torch.randn(6, vocab, generator=g) * 4
+    logits[:, :40] = 0.0
+    logits[1, 40:80] = -0.0
+    params = [SamplingParams(repetition_penalty=1.3, frequency_penalty=0.7, presence_penalty=0.2),
+              SamplingParams(frequency_penalty=-0.4, presence_penalty=0.1),
+              SamplingParams(),
+              SamplingParams(presence_penalty=1.5),
+              SamplingParams(repetition_penalty=0.7),
+              SamplingParams(repetition_penalty=1.1, presence_penalty=-0.3)]
+    prompts = [torch.randint(0, vocab, (200,), generator=g).tolist() for _ in params]
+    outputs = [torch.randint(0, 100, (n,), generator=g).tolist() for n in (50, 30, 10, 0, 20, 40)]
+    out = apply_penalties(logits, params, prompts, outputs)
+    rows = [i for i, p in enumerate(params) if p.penalized]
+    want = _penalize_rows(logits[rows], [params[i] for i in rows], [prompts[i] for i in rows], [outputs[i] for i in rows])
+    assert torch.equal(out[rows].view(torch.int32), want.view(torch.int32))  # the bits, signs of zeros too
+    assert torch.equal(out[2], logits[2])
+
+
 def plain_penalized_greedy(prompt: list[int], n: int) -> list[int]:
     """Greedy decoding with PENALTIES, one full-sequence forward of the Hugging Face model per token."""
     hf, out = hf_model("llama", dtype=torch.float64), []
