@@ -7,8 +7,9 @@ Layout: k, v [num_layers, num_slots, num_kv_heads, max_len, head_dim]. A slot ho
 
 Memory is touched lazily: the tensors are allocated uninitialised (the OS maps pages on first
 write), and a slot's entries are zeroed up to the furthest index a forward reads (CLEAN_AHEAD more),
-the first time it reads that far. Keys a query may not see still enter the attention kernel (masked), so they must be
-finite; zeros are. An idle slot therefore costs address space, not resident memory."""
+the first time it reads that far. Keys a query may not see still enter the attention kernel
+(masked), so they must be finite; zeros are. An idle slot therefore costs address space, not
+resident memory."""
 from __future__ import annotations
 
 from contextlib import contextmanager

@@ -69,7 +69,8 @@ class ChainProposer(Proposer):
     def _st(self, seq) -> ChainState:
         if seq.draft_state is None:
             n = len(self.members)
-            seq.draft_state = ChainState([None] * n, [AcceptanceEstimate(pool=p) for p in self.pools], [{} for _ in range(n)])
+            seq.draft_state = ChainState([None] * n, [AcceptanceEstimate(pool=p) for p in self.pools],
+                                         [{} for _ in range(n)])
         return seq.draft_state
 
     def _record(self, st: ChainState, i: int) -> AcceptanceEstimate:
