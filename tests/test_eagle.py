@@ -666,7 +666,7 @@ def test_prefix_cache_hit_keeps_the_heads_entries(plain, monkeypatch, spec_type,
 def test_a_kept_state_that_never_drafted_keeps_its_pending_features(plain, monkeypatch):
     """A request the head never drafted for leaves its prompt's features pending, not fed. The slot's
     next request with the same prompt resumes them: no position is prefilled again (features need no
-    next token, entries do), and its drafts are a cold start's."""
+    next token, entries do), they are owed (no catch-up priced), and its drafts are a cold start's."""
     m = target(bigram=True)
     prompt = [(7 * i) % 300 + 1 for i in range(150)]
     eng = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=1)
@@ -677,9 +677,13 @@ def test_a_kept_state_that_never_drafted_keeps_its_pending_features(plain, monke
     eng.generate(prompt, GREEDY)
     monkeypatch.setattr(e, "_draft_lengths", drafting)
     counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
+    prop, priced = e.proposer, []
+    propose = prop.propose
+    monkeypatch.setattr(prop, "propose", lambda seqs, ks: priced.append(prop.catch_up_cost(seqs)) or propose(seqs, ks))
     again = eng.generate(prompt, GREEDY)[0]
     assert e.prefix_cache.hit_tokens == len(prompt) - 1
     assert counts == [] and prefilled == []
+    assert priced[0] == 0.0  # the resumed features are this prompt's: owed, as a prefill's would be, not a catch-up
     ref = cold.generate(prompt, GREEDY)[0]
     assert again.token_ids == ref.token_ids
     assert again.stats["spec"]["accepted_tokens"] == ref.stats["spec"]["accepted_tokens"] > 0

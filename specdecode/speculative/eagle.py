@@ -118,7 +118,7 @@ class EagleProposer(Proposer):
             st.feats = st.feats[:keep] if keep > 0 else None
         if st.fed == 0 and st.feats is None:
             st = _State(st.slot)
-        st.owed = 0  # what it holds pending is owed again only once this request's prefill hands it over
+        st.owed = 0 if st.feats is None else len(st.feats)  # prompt positions of this request: owed
         self.kv.set_length(st.slot, st.fed)
         return st
 
