@@ -530,7 +530,7 @@ def test_a_catch_up_before_any_feed_is_priced_by_a_calibration(plain, monkeypatc
 
     def recording(seqs, ks):
         st = seqs[0].draft_state
-        priced.append((len(st.feats) - st.owed, prop.catch_up_cost(seqs), prop._entry_cost))
+        priced.append((len(st.feats) - prop._owed(seqs[0], st), prop.catch_up_cost(seqs), prop._entry_cost))
         return propose(seqs, ks)
 
     monkeypatch.setattr(prop, "propose", recording)

@@ -150,6 +150,11 @@ class EagleHead(nn.Module):
             return torch.cat([captured[i] for i in self.cfg.aux_layers], dim=-1)
         return final
 
+    @property
+    def feature_size(self) -> int:
+        """The width of ``features``."""
+        return self.cfg.target_hidden_size * (len(self.cfg.aux_layers) if self.cfg.kind == "eagle3" else 1)
+
     def project(self, feats: torch.Tensor) -> torch.Tensor:
         """Target features -> the hidden input of the first step (EAGLE-1 fuses later, in ``layer``)."""
         return self.fc(feats.to(self.dtype)) if self.cfg.kind == "eagle3" else feats.to(self.dtype)

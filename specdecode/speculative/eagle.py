@@ -5,7 +5,7 @@ Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose i
 for position base + i (entry j = target features at j + embedding of token j+1; see models/eagle.py), ``fed``
 committed entries, the head's output at the newest of them (``last``: it drafts depth 1), and pending target
 features (handed to ``prefill`` and ``commit``) not fed yet. The prompt's entries are owed, not fed: the
-prefill keeps its features pending (``owed``) and the head's first proposal feeds them, so a request the
+prefill keeps its features pending (``_owed``) and the head's first proposal feeds them, so a request the
 controller never drafts with (a full batch, text the head does not predict) never pays for them. They are not
 a catch-up: a drafter that fed its prompt during prefill would have paid them whether or not it drafted, so
 ``catch_up_cost`` leaves them out and the choice to draft is the one that drafter would make. A prompt longer
@@ -54,7 +54,6 @@ class _State:
     fstart: int = 0
     last: torch.Tensor | None = None  # [H] pre-norm output of entry base + fed - 1 (valid when feats is None)
     buf: torch.Tensor | None = None  # [capacity, F]: feats is its first n rows while commits append to it
-    owed: int = 0  # leading rows of feats that prefill left to the first proposal (no catch-up)
 
 
 class EagleProposer(Proposer):
@@ -109,16 +108,12 @@ class EagleProposer(Proposer):
         head that never drafted for that request has only those: its prompt was owed)."""
         fed = min(st.fed, reused - 1 - st.base)
         if fed < st.fed:  # the new prompt parts from the old tokens within the head's entries
-            if fed <= 0:
-                st = _State(st.slot)
-            else:
-                st.fed, st.feats, st.last = fed, None, None  # the gap up to the new prompt is recomputed
+            st.fed, st.feats, st.last = max(fed, 0), None, None  # the gap up to the new prompt is recomputed
         elif st.feats is not None:  # every entry stays (``last`` too); pending features while shared
             keep = reused - st.fstart
             st.feats = st.feats[:keep] if keep > 0 else None
-        if st.fed == 0 and st.feats is None:
+        if st.fed == 0 and st.feats is None:  # nothing left: a fresh state
             st = _State(st.slot)
-        st.owed = 0 if st.feats is None else len(st.feats)  # prompt positions of this request: owed
         self.kv.set_length(st.slot, st.fed)
         return st
 
@@ -146,7 +141,6 @@ class EagleProposer(Proposer):
         self._fill_gap(seq, st, end)
         if st.feats is not None and len(st.feats) > 2 * PROMPT_WINDOW:  # a long prompt: fed as it comes
             self._feed_pending([seq], [st])
-        st.owed = 0 if st.feats is None else len(st.feats)  # all that is pending: prefill's to feed
 
     def prefill_start(self, seq, cached):
         """After a prefix-cache hit: the first of the ``cached`` positions whose features the head lacks.
@@ -169,20 +163,20 @@ class EagleProposer(Proposer):
         if hidden is not None:
             feats = self.head.features(*hidden)  # [accepted + 1, F]: root + accepted path
             self._add_features(st, len(seq.tokens) - 1 - len(feats), feats)
-            self._bound_pending(st)
+            self._bound_pending(seq, st)
         self.kv.set_length(st.slot, st.fed)  # drop the draft entries
 
-    def _bound_pending(self, st: _State) -> None:
+    def _bound_pending(self, seq, st: _State) -> None:
         """Past 2 PROMPT_WINDOW pending positions, keeps the newest PROMPT_WINDOW: a head not chosen for
         long (a chain drafting with another member, a batch where drafting does not pay) would otherwise
         hold features for the whole answer and feed them all in one stall when chosen. The head then
         restarts at those positions, its older entries dropped, as after a prefix-cache hit whose
         entries were not kept."""
-        if st.feats is None or len(st.feats) - st.owed <= 2 * PROMPT_WINDOW:
+        if st.feats is None or len(st.feats) - self._owed(seq, st) <= 2 * PROMPT_WINDOW:
             return
         drop = len(st.feats) - PROMPT_WINDOW
         st.feats, st.fstart = st.feats[drop:].clone(), st.fstart + drop  # a copy: the old buffer goes
-        st.buf, st.owed = None, 0
+        st.buf = None
         st.base, st.fed, st.last = st.fstart, 0, None
         self.kv.set_length(st.slot, 0)
 
@@ -261,13 +255,19 @@ class EagleProposer(Proposer):
         for b, (st, k) in enumerate(zip(states, n)):
             st.fed += k
             st.feats = st.buf = None
-            st.owed = 0
             st.last = x[b, k - 1].clone()  # not a view that keeps the whole forward's output
             self.kv.set_length(st.slot, st.fed)
         if self._bulk(T):  # a prompt chunk or a catch-up: what an entry costs in bulk
             self._entry_cost = ema(self._entry_cost, (self.timer.now() - t0) / (B * T))
 
     # -- cost ------------------------------------------------------------------------------------
+    def _owed(self, seq, st: _State) -> int:
+        """Pending rows at prompt positions (before the root): prefill's to feed, no catch-up (module doc).
+        A commit appends answer positions after them; a feed or a bounded restart leaves none."""
+        if st.feats is None:
+            return 0
+        return min(len(st.feats), max(0, len(seq.prompt_ids) - 1 - st.fstart))
+
     def _bulk(self, entries: int) -> bool:
         """More entries than one verify commits (the root and a path of at most num_steps): a prompt
         chunk or a catch-up, not part of a tree level's cost."""
@@ -278,7 +278,7 @@ class EagleProposer(Proposer):
         tree level's measured cost) and those prefill owes (the module doc), at the measured cost of
         an entry fed in bulk."""
         n = sum(m for seq in seqs for st in [seq.draft_state] if st is not None and st.feats is not None
-                for m in [len(st.feats) - st.owed] if self._bulk(m))
+                for m in [len(st.feats) - self._owed(seq, st)] if self._bulk(m))
         if n and self._entry_cost is None:  # no bulk feed yet (prompts are owed): measure one
             self._entry_cost = self._calibrate_entries()
         return n * (self._entry_cost or 0.0)
@@ -306,9 +306,8 @@ class EagleProposer(Proposer):
     @torch.inference_mode()
     def _calibrate_entries(self, n: int = 64) -> float:
         """Seconds per entry of a bulk feed: n causal entries on a scratch slot, as _feed_pending runs them."""
-        h, c, dev = self.head, self.head.cfg, self.head.device
-        width = c.target_hidden_size * (len(c.aux_layers) if c.kind == "eagle3" else 1)
-        feats = torch.zeros(1, n, width, dtype=h.dtype, device=dev)
+        h, dev = self.head, self.head.device
+        feats = torch.zeros(1, n, h.feature_size, dtype=h.dtype, device=dev)
         ids = torch.zeros(1, n, dtype=torch.long, device=dev)
         pos = torch.arange(n, device=dev)[None]
         with self.kv.scratch_slot() as slot:
