@@ -19,14 +19,21 @@ TOP_HEAD = 256  # tokens of each row's descending order that top-k / top-p look 
 TOP_HEAD_MAX = 2048  # the longest head taken before sorting the whole row
 
 
+def _native_for(rows: torch.Tensor):
+    """The native kernels where they take these rows (float32 [N, V] on the CPU, unit stride along V),
+    else None."""
+    k = native_kernels()
+    if k is not None and rows.device.type == "cpu" and rows.dtype == torch.float32 and rows.dim() == 2 \
+            and rows.stride(-1) == 1:
+        return k
+    return None
+
+
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits [N, V] -> int64 [N]: each row's argmax, the first index of its maximum (torch.argmax's
     rule, NaN included). The greedy token of every row, computed natively on the CPU where it can be."""
-    k = native_kernels()
-    if k is not None and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(-1) == 1 \
-            and logits.dim() == 2:
-        return k.argmax_rows(logits)
-    return logits.argmax(-1)
+    k = _native_for(logits)
+    return logits.argmax(-1) if k is None else k.argmax_rows(logits)
 
 
 def process_logits(logits: torch.Tensor, params: SamplingParams | Sequence[SamplingParams]) -> torch.Tensor:
@@ -114,10 +121,8 @@ def apply_penalties(logits: torch.Tensor, params: Sequence[SamplingParams], prom
         out[dense] = _penalize_rows(logits[dense], [params[i] for i in dense], [prompts[i] for i in dense],
                                     [outputs[i] for i in dense])
     dev = logits.device
-    for i in rows:
+    for i in (i for i in rows if i not in dense):
         p = params[i]
-        if p.frequency_penalty < 0 or p.presence_penalty < 0:
-            continue
         row = out[i]  # a view: updated in place
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(prompts[i]) | set(outputs[i])), dtype=torch.long, device=dev)
@@ -172,9 +177,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None, u: tor
     n = probs.shape[0] if rows is None else len(rows)
     if u is None:
         u = torch.rand(n, 1, generator=generator, device=probs.device)
-    k = native_kernels()
-    if k is not None and probs.device.type == "cpu" and probs.dtype == torch.float32 and probs.dim() == 2 \
-            and probs.stride(-1) == 1:
+    k = _native_for(probs)
+    if k is not None:
         tokens = k.sample_rows(probs, u.reshape(-1).double().contiguous(),
                                None if rows is None else rows.to(torch.long).contiguous())
         bad = tokens < 0  # rows with NaN, infinities or negative entries: PyTorch's path below decides them
