@@ -46,16 +46,20 @@ class Sequence:
 
     def __post_init__(self):
         self.stop = StopChecker(tuple(self.params.stop))  # holds back a possible stop string's start
+        # prompt_ids + output_ids, kept in step by append (drafters read it every step: a property that
+        # concatenated would copy the whole context each time)
+        self._tokens = self.prompt_ids + self.output_ids
         if self.params.logprobs is not None:
             self.logprobs = []
 
     @property
     def tokens(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+        """prompt_ids + output_ids (the sequence's own list: read it, never change it)."""
+        return self._tokens
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+        return len(self._tokens)
 
     @property
     def finished(self) -> bool:
@@ -73,6 +77,7 @@ class Sequence:
             if self.finished:
                 break
             self.output_ids.append(t)
+            self._tokens.append(t)
             if self.logprobs is not None:
                 self.logprobs.append(logprobs[i])
             piece = ""
