@@ -351,7 +351,7 @@ def test_the_gate_closes_a_batch_size_where_speculation_lost_and_backs_off():
     def window(gate, batch, tokens, seconds, plain=1.0):
         for _ in range(GATE_WINDOW):
             assert gate.open(batch)
-            gate.observe(batch, tokens, seconds, plain)
+            gate.observe(batch, tokens, seconds, plain, drafted=batch)  # every step verified drafts
 
     def closed_for(gate, batch):
         n = 0
@@ -372,6 +372,41 @@ def test_the_gate_closes_a_batch_size_where_speculation_lost_and_backs_off():
     assert closed_for(g, 8) == GATE_PAUSE  # the backoff starts over
     window(g, 1, tokens=3, seconds=1.5)  # one sequence, 2 accepted per step at 1.5x a step's cost
     assert g.open(1)
+
+
+def test_draft_cost_interpolates_between_measured_batch_sizes():
+    """A drafter's unit cost is calibrated for a new batch size outside the measured ones (with one row
+    besides, the first time); a size between two measured ones starts on the line between them, so a
+    batch draining one request at a time calibrates nothing; observations then refine each size."""
+    from specdecode.speculative.controller import DraftCost
+
+    calls = []
+    cost = DraftCost(lambda n: calls.append(n) or 1.0 + 0.5 * n)
+    assert cost(8) == 5.0 and calls == [8, 1]
+    assert [cost(n) for n in (7, 6, 5)] == [4.5, 4.0, 3.5] and calls == [8, 1]
+    assert cost(9) == 5.5 and calls == [8, 1, 9]
+    cost.observe(6, 2.0)
+    assert 2.0 < cost(6) < 4.0 and calls == [8, 1, 9]
+
+
+def test_a_window_that_drafts_nothing_is_judged_early():
+    """Open steps in which the controller drafted nothing spent planning for nothing: GATE_IDLE of them
+    at the start of a window end it (closed as a loss); one verified draft among them keeps the window
+    open to its full GATE_WINDOW steps."""
+    from specdecode.speculative.gate import GATE_IDLE, GATE_PAUSE, GATE_WINDOW, SpeculationGate
+
+    def steps_until_closed(gate, drafted):
+        n = 0
+        while gate.open(8):
+            gate.observe(8, 8, 1.02, 1.0, drafted=drafted(n))
+            n += 1
+        return n
+
+    g = SpeculationGate()
+    assert steps_until_closed(g, lambda n: 0) == GATE_IDLE < GATE_WINDOW
+    for _ in range(GATE_PAUSE - 1):  # the loop's last open() was the first closed step
+        assert not g.open(8)
+    assert steps_until_closed(g, lambda n: 8 * (n == GATE_IDLE - 1)) == GATE_WINDOW
 
 
 def test_a_closed_gate_decodes_plainly_and_then_speculates_again():

@@ -194,7 +194,8 @@ class Engine:
                 self.costs.observe(len(ready), timing.verify_rows, timing.verify_s)
                 if self._gated is False:  # an open step: what speculation spent against plain decoding
                     self.gate.observe(len(ready), sum(1 + r.accepted for r in results),
-                                      t1 - t0 + timing.propose_s + timing.verify_s, self.costs.verify_cost(len(ready), 1))
+                                      t1 - t0 + timing.propose_s + timing.verify_s,
+                                      self.costs.verify_cost(len(ready), 1), sum(r.drafted for r in results))
                 self.gated_steps += bool(self._gated)
                 for seq, k, r in zip(ready, ks, results):
                     self.proposer.observe(seq, k, r.drafted, r.accepted)

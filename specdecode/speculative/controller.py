@@ -246,8 +246,11 @@ def best_rate(alphas: list[float], draft_cost: float, verify_cost, k_max: int,
 
 class DraftCost:
     """A drafter's measured seconds per drafting unit (one draft token, or one tree level) for each
-    batch size, EMA-smoothed; a batch size seen for the first time is measured by ``calibrate(n)``
-    (a drafter times one unit for n rows on a scratch slot with ``Timer.best_of``)."""
+    batch size, EMA-smoothed. A batch size seen for the first time is measured by ``calibrate(n)`` (a
+    drafter times one unit for n rows on a scratch slot with ``Timer.best_of``), together with one
+    row, so that later sizes between two measured ones start from the straight line between them
+    instead of a measurement of their own: a batch that drains one request at a time would otherwise
+    stall a step per size for a calibration (the cost of a unit grows smoothly with its rows)."""
 
     def __init__(self, calibrate: Callable[[int], float]):
         self._calibrate = calibrate
@@ -258,5 +261,12 @@ class DraftCost:
 
     def __call__(self, batch: int) -> float:
         if batch not in self._s:
-            self._s[batch] = self._calibrate(batch)
+            lo = max((n for n in self._s if n < batch), default=None)
+            hi = min((n for n in self._s if n > batch), default=None)
+            if lo is None or hi is None:
+                self._s[batch] = self._calibrate(batch)
+                if 1 not in self._s:
+                    self._s[1] = self._calibrate(1)
+            else:
+                self._s[batch] = self._s[lo] + (self._s[hi] - self._s[lo]) * (batch - lo) / (hi - lo)
         return self._s[batch]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 GATE_WINDOW = 24  # steps of a batch size over which the gate compares speculation with plain decoding
 GATE_PAUSE = 16  # plain steps of that batch size after a losing window; doubling per loss in a row,
 GATE_BACKOFF_MAX = 2  # up to 2**2-fold (64 steps), which bounds how late a drafter that starts to pay is found
+GATE_IDLE = 8  # a window whose first steps verified no draft at all is judged after this many
 
 
 @dataclass
@@ -13,6 +14,7 @@ class _Window:
     steps: int = 0
     seconds: float = 0.0  # what speculation spent: planning, drafting and the verify forward
     plain: float = 0.0  # what plain decoding would have spent on the same tokens
+    drafted: int = 0  # draft tokens the window's steps verified
     pause: int = 0  # plain steps left before speculation is tried again
     losses: int = 0  # losing windows in a row
 
@@ -26,12 +28,14 @@ class SpeculationGate:
     drafted. The gate checks the outcome. Over each window of GATE_WINDOW steps of one batch size B it
     adds up what the steps spent (``observe``: planning, proposing and the verify forward) and what
     plain decoding would have spent on the tokens they emitted (v(B, 1) / B per token, v from the
-    cost model's measured plain steps). A window that spent more closes speculation at B for
-    GATE_PAUSE steps of B (``open`` says False: those steps decode plainly and plan nothing), doubling
-    with each losing window in a row up to 2**GATE_BACKOFF_MAX; then a fresh window tries again. A
-    window that paid resets the backoff. Batch sizes are judged apart: a verify row's price relative
-    to one sequence's share of a step rises with the batch, so drafting that pays for one request may
-    lose for eight."""
+    cost model's measured plain steps). A window whose first GATE_IDLE steps verified no draft is judged
+    then: the controller itself chose plain decoding at B each time, so those steps spent planning for
+    nothing and the rest of the window would only add more of it. A window that spent more closes
+    speculation at B for GATE_PAUSE steps of B (``open`` says False: those steps decode plainly and plan
+    nothing), doubling with each losing window in a row up to 2**GATE_BACKOFF_MAX; then a fresh window
+    tries again. A window that paid resets the backoff. Batch sizes are judged apart: a verify row's
+    price relative to one sequence's share of a step rises with the batch, so drafting that pays for
+    one request may lose for eight."""
 
     def __init__(self):
         self._w: dict[int, _Window] = {}
@@ -44,17 +48,19 @@ class SpeculationGate:
         w.pause -= 1
         return False
 
-    def observe(self, batch: int, tokens: int, seconds: float, plain_step: float) -> None:
-        """A step that was open: ``tokens`` emitted in ``seconds``; ``plain_step``: v(batch, 1)."""
+    def observe(self, batch: int, tokens: int, seconds: float, plain_step: float, drafted: int) -> None:
+        """A step that was open: ``tokens`` emitted in ``seconds``; ``plain_step``: v(batch, 1);
+        ``drafted``: draft tokens it verified (over the batch)."""
         w = self._w.setdefault(batch, _Window())
         w.steps += 1
         w.seconds += seconds
         w.plain += tokens * plain_step / batch
-        if w.steps < GATE_WINDOW:
+        w.drafted += drafted
+        if w.steps < GATE_WINDOW and (w.drafted or w.steps < GATE_IDLE):
             return
         if w.plain < w.seconds:
             w.losses += 1
             w.pause = GATE_PAUSE << min(w.losses - 1, GATE_BACKOFF_MAX)
         else:
             w.losses = 0
-        w.steps, w.seconds, w.plain = 0, 0.0, 0.0
+        w.steps, w.seconds, w.plain, w.drafted = 0, 0.0, 0.0, 0
