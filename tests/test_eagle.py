@@ -835,3 +835,19 @@ def test_answering_resumes_from_its_cache_and_stops_at_the_deadline(tmp_path, mo
     out = data.answered(model, None, prompts, 2, 2, cache)
     assert calls == [prompts[:2], prompts[2:4], prompts[4:]]
     assert out == [[len(p)] * 2 for p in prompts]
+
+
+@pytest.mark.parametrize("drafting", [True, False])
+def test_a_prompt_prefilled_in_small_chunks_stays_greedy(plain, monkeypatch, drafting):
+    """Prompt chunks shorter than the head's window (--prefill-chunk) append to the pending features
+    across prefill calls, and commits append to the same buffer while the head does not draft (the
+    chunks' buffer is made in inference mode, as the target's forward outputs are): every request ends
+    normally, token for token plain greedy, and a head that drafts is accepted."""
+    m = target(bigram=True)
+    eng = llm(m, "eagle3", forced_head(m), prefill_chunk=4)
+    if not drafting:
+        monkeypatch.setattr(eng.engine, "_draft_lengths", lambda seqs: [0] * len(seqs))
+    outs = eng.generate(PROMPTS, GREEDY)
+    assert [o.finish_reason for o in outs] == ["length"] * len(PROMPTS)
+    assert [o.token_ids for o in outs] == plain[True]
+    assert (sum(o.stats["spec"]["accepted_tokens"] for o in outs) > 0) == drafting

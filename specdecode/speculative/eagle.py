@@ -158,6 +158,7 @@ class EagleProposer(Proposer):
             st.base = have = max(0, cached - PROMPT_WINDOW)
         return have
 
+    @torch.inference_mode()  # the pending buffer may be prefill's, made in inference mode
     def commit(self, seq, num_accepted, hidden):
         st = self._state(seq)
         if hidden is not None:
