@@ -44,8 +44,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-tokens", type=int, default=_ENG["kv_cache_tokens"],
                    help="total KV-cache budget in tokens, shared by the slots (caps the context per slot)")
     add_prefix_cache_args(p)
+    add_prefill_args(p)
+
+
+def add_prefill_args(p: argparse.ArgumentParser) -> None:
+    """How prompts share steps with decoding requests (EngineConfig)."""
     p.add_argument("--prefill-chunk", type=int, default=_ENG["prefill_chunk"],
                    help="prompt tokens per forward (bounds a long prompt's stall of running decodes)")
+    p.add_argument("--max-prefill-tokens", type=int, default=_ENG["max_prefill_tokens"],
+                   help="prompt tokens prefilled in one step while other requests decode (bounds the "
+                        "inter-token latency a new request's prefill adds; 0: no limit)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:

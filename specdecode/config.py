@@ -95,6 +95,12 @@ class EngineConfig:
     # (engine/prompt_store.py; llama.cpp's --cache-ram); 0 = keep a prompt only while its slot is free
     prompt_cache_mib: int = 2048
     prefill_chunk: int = 512  # prompt tokens per forward: bounds a long prompt's stall of running decodes
+    # prompt tokens prefilled in one step while other requests decode (SGLang's --max-prefill-tokens):
+    # their next token waits for those forwards, so this bounds the inter-token latency a new request's
+    # prefill adds (on a 2-core CPU ~4 ms a token: 32 -> ~0.13 s). 0 = no limit, the default: the
+    # decoders then step at a small batch while the prompts wait, and a CPU's throughput drops
+    # (docs/benchmarks.md, round 28)
+    max_prefill_tokens: int = 0
     # KV-cache element type: auto = bfloat16 for a quantized model on CPU (half the memory of float32,
     # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.
     kv_cache_dtype: str = "auto"
@@ -109,6 +115,8 @@ class EngineConfig:
 
         if self.max_num_seqs < 1 or self.prefill_chunk < 1 or self.max_model_len < 2:
             raise InvalidRequestError("--max-num-seqs and --prefill-chunk must be >= 1, --ctx-size >= 2")
+        if self.max_prefill_tokens < 0:
+            raise InvalidRequestError("--max-prefill-tokens must be >= 0 (0: no limit)")
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,11 @@ def count_prefill(llm) -> list[int]:
     """Records the prompt tokens of every prefill chunk the engine runs."""
     fed, chunk = [], llm.engine._prefill_chunk
 
-    def spy(seq):
+    def spy(seq, limit=None):
         before = seq.num_prefilled
-        chunk(seq)
+        n = chunk(seq, limit)
         fed.append(seq.num_prefilled - before)
+        return n
 
     llm.engine._prefill_chunk = spy
     return fed

@@ -19,7 +19,8 @@ import sys
 import time
 from dataclasses import replace
 
-from ..args import add_filter_args, add_model_args, add_prefix_cache_args, add_spec_args, engine_config, spec_config
+from ..args import (add_filter_args, add_model_args, add_prefill_args, add_prefix_cache_args, add_spec_args,
+                    engine_config, spec_config)
 from ..errors import SpecDecodeError
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
 
@@ -46,6 +47,7 @@ def add_bench_serve_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--max-num-seqs", type=int, default=None, help="in-process slots (default: the top concurrency)")
     add_prefix_cache_args(b)
+    add_prefill_args(b)
     b.add_argument("--rounds", type=int, default=1,
                    help="run every configuration's levels this many times, configurations in turns; report each "
                         "figure's median, tok/s's range, and 'vs first' as the median of the rounds' paired ratios")

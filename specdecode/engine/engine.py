@@ -173,13 +173,17 @@ class Engine:
                 seq.slot = self.kv.allocate()
             self.running.append(seq)
         outputs = []
+        # while some requests decode, prompts advance by at most max_prefill_tokens a step, oldest first
+        budget = (self.cfg.max_prefill_tokens or None) if any(map(self._decoding, self.running)) else None
         for seq in self.running:
-            if seq.num_prefilled < len(seq.prompt_ids) - 1:
+            if seq.num_prefilled < len(seq.prompt_ids) - 1 and (budget is None or budget > 0):
                 try:
-                    self._prefill_chunk(seq)
+                    n = self._prefill_chunk(seq, budget)
                 except Exception as e:  # this prompt's forward failed: the others go on
                     outputs.append(self._fail(seq, e))
-        ready = [s for s in self.running if s.num_prefilled >= len(s.prompt_ids) - 1 and not s.finished]
+                else:
+                    budget = None if budget is None else budget - n
+        ready = [s for s in self.running if self._decoding(s)]
         if ready:
             before = [(s.stats.steps, s.num_tokens, self.kv.lengths[s.slot], len(s.text)) for s in ready]
             try:
@@ -232,10 +236,16 @@ class Engine:
         seq.fail()
         return StepOutput(seq, "", error)
 
-    def _prefill_chunk(self, seq: Sequence) -> None:
-        """Feeds up to cfg.prefill_chunk prompt tokens (never the last one: it is the first root)."""
+    @staticmethod
+    def _decoding(seq: Sequence) -> bool:
+        """Prefilled (all but the last prompt token, the first root) and not finished: it takes a step."""
+        return seq.num_prefilled >= len(seq.prompt_ids) - 1 and not seq.finished
+
+    def _prefill_chunk(self, seq: Sequence, limit: int | None = None) -> int:
+        """Feeds up to cfg.prefill_chunk (and ``limit``) prompt tokens, never the last one (it is the
+        first root). Returns how many it fed."""
         start = seq.num_prefilled
-        end = min(len(seq.prompt_ids) - 1, start + self.cfg.prefill_chunk)
+        end = min(len(seq.prompt_ids) - 1, start + min(self.cfg.prefill_chunk, limit or self.cfg.prefill_chunk))
         _, hidden, captured = self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False,
                                                   capture_layers=self.proposer.capture_layers)
         self.kv.set_length(seq.slot, end)
@@ -243,6 +253,7 @@ class Engine:
         self.proposer.prefill(seq, start, end, (hidden[0], {i: h[0] for i, h in captured.items()}))
         if end == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()
+        return end - start
 
     def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
         """Each sequence's draft cap this step: one length for the batch (it shares one verify
