@@ -58,7 +58,8 @@ def _run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams], concu
     return [seqs[i].output_ids for i in range(len(prompts))]
 
 
-def _check(path: str, spec_types: tuple[str, ...], concurrencies: tuple[int, ...], questions: int = len(QUESTIONS)):
+def _check(path: str, spec_types: tuple[str, ...], concurrencies: tuple[int, ...], questions: int = len(QUESTIONS),
+           **engine):
     n = torch.get_num_threads()
     torch.set_num_threads(2)  # real models: both cores pay (conftest's one thread suits tiny ones)
     try:
@@ -71,7 +72,7 @@ def _check(path: str, spec_types: tuple[str, ...], concurrencies: tuple[int, ...
             solo.engine.prefix_cache.clear()
             want.append(solo.generate([p], sp)[0].token_ids)
         for spec in spec_types:
-            llm = LLM(path, spec_type=spec, max_model_len=512, max_num_seqs=max(concurrencies))
+            llm = LLM(path, spec_type=spec, max_model_len=512, max_num_seqs=max(concurrencies), **engine)
             for c in concurrencies:  # one engine throughout: later runs meet earlier runs' cached rows
                 got = _run(llm, prompts + prompts, params + params, c)
                 bad = [i % len(prompts) for i, (g, w) in enumerate(zip(got, want + want)) if g != w]
@@ -89,6 +90,11 @@ def _check(path: str, spec_types: tuple[str, ...], concurrencies: tuple[int, ...
 
 def test_smollm2_int4_batch_invariant():
     _check(_model("smollm2-135m-instruct"), ("none", "auto"), (1, 2, 4, 8))
+
+
+def test_smollm2_int4_batch_invariant_with_prompts_in_verify_forwards():
+    """--max-prefill-tokens: a joining prompt's chunks ride in the decoders' verify forwards."""
+    _check(_model("smollm2-135m-instruct"), ("none", "auto"), (2, 8), max_prefill_tokens=8)
 
 
 @pytest.mark.slow

@@ -625,15 +625,13 @@ def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
 def prefilled_chunks(monkeypatch, eng) -> list[tuple[int, int]]:
     """Records the prompt positions (start, end) of each prefill chunk the engine runs."""
     chunks, e = [], eng.engine
-    original = e._prefill_chunk
+    original = e._prefilled
 
-    def recording(seq, limit=None):
-        start = seq.num_prefilled
-        n = original(seq, limit)
-        chunks.append((start, seq.num_prefilled))
-        return n
+    def recording(seq, end, states):
+        chunks.append((seq.num_prefilled, end))
+        original(seq, end, states)
 
-    monkeypatch.setattr(e, "_prefill_chunk", recording)
+    monkeypatch.setattr(e, "_prefilled", recording)
     return chunks
 
 
@@ -838,16 +836,16 @@ def test_answering_resumes_from_its_cache_and_stops_at_the_deadline(tmp_path, mo
     assert out == [[len(p)] * 2 for p in prompts]
 
 
-@pytest.mark.parametrize("max_prefill_tokens", [0, 3])
+@pytest.mark.parametrize("max_prefill_tokens,knobs", [(0, (3, 1, 4)), (3, (3, 1, 4)), (3, (3, 2, 6))])
 @pytest.mark.parametrize("drafting", [True, False])
-def test_a_prompt_prefilled_in_small_chunks_stays_greedy(plain, monkeypatch, max_prefill_tokens, drafting):
+def test_a_prompt_prefilled_in_small_chunks_stays_greedy(plain, monkeypatch, max_prefill_tokens, knobs, drafting):
     """Prompt chunks shorter than the head's window (--prefill-chunk, or --max-prefill-tokens while
-    others decode) append to the pending features across prefill calls, and commits append to the same
-    buffer while the head does not draft (the chunks' buffer is made in inference mode, as the target's
-    forward outputs are): every request ends normally, token for token plain greedy, and a head that
-    drafts is accepted."""
+    others decode, when the chunks ride in the verify forward of chains or trees) append to the pending
+    features across prefill calls, and commits append to the same buffer while the head does not draft
+    (the chunks' buffer is made in inference mode, as the target's forward outputs are): every request
+    ends normally, token for token plain greedy, and a head that drafts is accepted."""
     m = target(bigram=True)
-    eng = llm(m, "eagle3", forced_head(m), prefill_chunk=4, max_prefill_tokens=max_prefill_tokens)
+    eng = llm(m, "eagle3", forced_head(m), knobs, prefill_chunk=4, max_prefill_tokens=max_prefill_tokens)
     if not drafting:
         monkeypatch.setattr(eng.engine, "_draft_lengths", lambda seqs: [0] * len(seqs))
     outs = eng.generate(PROMPTS, GREEDY)

@@ -73,6 +73,31 @@ def test_a_failing_sequence_ends_alone_and_the_batch_goes_on(monkeypatch, phase)
     assert llm.generate(greedy_prompt, GREEDY)[0].token_ids == ref_greedy  # and the engine serves on
 
 
+def test_a_prompt_chunk_that_fails_in_a_verify_forward_ends_alone(monkeypatch):
+    """With --max-prefill-tokens a new prompt's chunks ride in the decoders' verify forward: when that
+    forward raises, the decoders are stepped alone and the chunk runs in a forward of its own, so the
+    prompt whose data raises fails alone and the decoder's output is what it gives alone."""
+    llm = tiny_llm("ngram", max_num_seqs=2, max_prefill_tokens=4)
+    eng = llm.engine
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    ref = llm.generate(prompt, GREEDY)[0].token_ids
+    real = eng.runner.forward
+
+    def forward(slots, tokens, *a, **kw):
+        if any(300 in t for t in tokens):
+            raise RuntimeError("poisoned prompt")
+        return real(slots, tokens, *a, **kw)
+    monkeypatch.setattr(eng.runner, "forward", forward)
+    a = eng.add_request(prompt, GREEDY)
+    eng.step()  # nothing else decodes: a prefills whole and takes its first step
+    p = eng.add_request([1, 2, 3, 300, 4, 5, 6, 7, 8, 9], GREEDY)
+    failed = []
+    while eng.has_work():
+        failed += [o.seq for o in eng.step() if o.error is not None]
+    assert failed == [p] and p.finish_reason == "error"
+    assert a.output_ids == ref and a.finish_reason == "length"
+
+
 def test_the_python_api_raises_a_failed_requests_error_after_the_others_finish(monkeypatch):
     llm = tiny_llm("none", max_num_seqs=2)
     poison(monkeypatch, "accept")

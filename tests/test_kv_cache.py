@@ -173,17 +173,19 @@ def test_budget_sizing_and_clear_error():
 
 
 @pytest.mark.parametrize("budget", [0, 5])
-def test_a_new_prompt_prefills_within_the_step_budget_while_others_decode(budget):
+@pytest.mark.parametrize("spec_type,temperature", [("none", 0.0), ("ngram", 0.0), ("ngram", 0.8)])
+def test_a_new_prompt_prefills_within_the_step_budget_while_others_decode(budget, spec_type, temperature):
     """While a request decodes, a new request's prompt advances by at most max_prefill_tokens a step
-    (0: one prefill_chunk per prompt and step), since the decoder's next token waits for those forwards;
-    with nothing decoding, prompts prefill a whole chunk. Outputs are those of each request alone."""
+    (0: one prefill_chunk per prompt and step), its chunks riding in the decoder's verify forward (drafts
+    too); with nothing decoding, prompts prefill a whole chunk. Outputs are those of each request alone
+    and without speculation (greedy, and seeded sampling)."""
     from specdecode import SamplingParams
     from tiny_models import tiny_llm
 
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=temperature, seed=3, max_tokens=12, ignore_eos=True)
     first, second = [3, 4, 5, 6] * 5, [7, 8, 9] * 9
     alone = [tiny_llm().generate(p, params)[0].token_ids for p in (first, second)]
-    llm = tiny_llm(max_prefill_tokens=budget, prefill_chunk=16)
+    llm = tiny_llm(spec_type, max_prefill_tokens=budget, prefill_chunk=16)
     eng = llm.engine
     a = eng.add_request(first, params)
     eng.step()  # nothing decodes yet: the first prompt takes its chunk of 16 (of 19 to prefill)
@@ -191,12 +193,17 @@ def test_a_new_prompt_prefills_within_the_step_budget_while_others_decode(budget
     eng.step()
     assert a.num_prefilled == len(first) - 1 and a.output_ids
     b = eng.add_request(second, params)
-    steps = []
+    steps, forwards, forward = [], [], eng.runner.forward
+    eng.runner.forward = lambda *a, **kw: forwards.append(len(a[0])) or forward(*a, **kw)
     while b.num_prefilled < len(second) - 1:
         before = b.num_prefilled
         eng.step()
         steps.append(b.num_prefilled - before)
+    eng.runner.forward = forward
     assert steps == ([5, 5, 5, 5, 5, 1] if budget else [16, 10])
+    # one forward a step for both requests with a budget; else the prompt's own, then the decoders' (the
+    # prompt's last chunk done, it decodes in that step already)
+    assert forwards == ([2] * 6 if budget else [1, 1, 1, 2])
     while not (a.finished and b.finished):
         eng.step()
     assert [a.output_ids, b.output_ids] == alone

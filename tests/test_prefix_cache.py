@@ -27,15 +27,13 @@ def no_cache(spec_type="none", **kw):
 
 def count_prefill(llm) -> list[int]:
     """Records the prompt tokens of every prefill chunk the engine runs."""
-    fed, chunk = [], llm.engine._prefill_chunk
+    fed, prefilled = [], llm.engine._prefilled
 
-    def spy(seq, limit=None):
-        before = seq.num_prefilled
-        n = chunk(seq, limit)
-        fed.append(seq.num_prefilled - before)
-        return n
+    def spy(seq, end, states):
+        fed.append(end - seq.num_prefilled)
+        prefilled(seq, end, states)
 
-    llm.engine._prefill_chunk = spy
+    llm.engine._prefilled = spy
     return fed
 
 

@@ -173,17 +173,16 @@ class Engine:
                 seq.slot = self.kv.allocate()
             self.running.append(seq)
         outputs = []
-        # while some requests decode, prompts advance by at most max_prefill_tokens a step, oldest first
-        budget = (self.cfg.max_prefill_tokens or None) if any(map(self._decoding, self.running)) else None
-        for seq in self.running:
-            if seq.num_prefilled < len(seq.prompt_ids) - 1 and (budget is None or budget > 0):
-                try:
-                    n = self._prefill_chunk(seq, budget)
-                except Exception as e:  # this prompt's forward failed: the others go on
-                    outputs.append(self._fail(seq, e))
-                else:
-                    budget = None if budget is None else budget - n
         ready = [s for s in self.running if self._decoding(s)]
+        # while requests decode, --max-prefill-tokens caps the step's prompt tokens, which then ride in
+        # the decoders' verify forward; otherwise each chunk is a forward of its own, and a prompt it
+        # completes decodes in this step already
+        merge = bool(ready) and self.cfg.max_prefill_tokens > 0
+        chunks = self._prefill_plan(self.cfg.max_prefill_tokens if merge else None)
+        if not merge:
+            for seq, end in chunks:
+                self._prefill_alone(seq, end, outputs)
+            ready, chunks = [s for s in self.running if self._decoding(s)], []
         if ready:
             before = [(s.stats.steps, s.num_tokens, self.kv.lengths[s.slot], len(s.text)) for s in ready]
             try:
@@ -191,12 +190,18 @@ class Engine:
                 self._gated = None
                 ks = self._draft_lengths(ready)
                 t1 = self.timer.now()
-                results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now)
+                results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now,
+                                                   [(s, s.prompt_ids[s.num_prefilled:end]) for s, end in chunks])
             except Exception as e:
                 outputs += self._isolate(ready, before, e)
+                for seq, end in chunks:  # each prompt alone: one whose data made the step raise fails alone
+                    self._prefill_alone(seq, end, outputs)
             else:
-                self.costs.observe(len(ready), timing.verify_rows, timing.verify_s)
-                if self._gated is False:  # an open step: what speculation spent against plain decoding
+                for (seq, end), states in zip(chunks, timing.prefilled):
+                    self._prefilled(seq, end, states)
+                if not chunks:  # a forward with prompt rows in it is no verify's cost, nor speculation's
+                    self.costs.observe(len(ready), timing.verify_rows, timing.verify_s)
+                if self._gated is False and not chunks:  # an open step: speculation against plain decoding
                     self.gate.observe(len(ready), sum(1 + r.accepted for r in results),
                                       t1 - t0 + timing.propose_s + timing.verify_s,
                                       self.costs.verify_cost(len(ready), 1), sum(r.drafted for r in results))
@@ -241,19 +246,40 @@ class Engine:
         """Prefilled (all but the last prompt token, the first root) and not finished: it takes a step."""
         return seq.num_prefilled >= len(seq.prompt_ids) - 1 and not seq.finished
 
-    def _prefill_chunk(self, seq: Sequence, limit: int | None = None) -> int:
-        """Feeds up to cfg.prefill_chunk (and ``limit``) prompt tokens, never the last one (it is the
-        first root). Returns how many it fed."""
+    def _prefill_plan(self, budget: int | None) -> list[tuple[Sequence, int]]:
+        """This step's prompt chunks, (sequence, end): up to cfg.prefill_chunk tokens of each prompt, never
+        its last one (the first root), at most ``budget`` in all (None: no cap), oldest prompt first."""
+        chunks = []
+        for seq in self.running:
+            start, last = seq.num_prefilled, len(seq.prompt_ids) - 1
+            if start >= last or seq.finished:
+                continue
+            n = self.cfg.prefill_chunk if budget is None else min(self.cfg.prefill_chunk, budget)
+            if n <= 0:
+                break
+            chunks.append((seq, min(last, start + n)))
+            if budget is not None:
+                budget -= chunks[-1][1] - start
+        return chunks
+
+    def _prefill_alone(self, seq: Sequence, end: int, outputs: list) -> None:
+        """Runs one prompt chunk in a forward of its own; a failure ends that request alone."""
+        try:
+            start = seq.num_prefilled
+            _, hidden, captured = self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False,
+                                                      capture_layers=self.proposer.capture_layers)
+            self._prefilled(seq, end, (hidden[0], {i: h[0] for i, h in captured.items()}))
+        except Exception as e:  # this prompt's forward failed: the others go on
+            outputs.append(self._fail(seq, e))
+
+    def _prefilled(self, seq: Sequence, end: int, states) -> None:
+        """A chunk's KV is in the cache up to ``end``: commits it and hands its states to the proposer."""
         start = seq.num_prefilled
-        end = min(len(seq.prompt_ids) - 1, start + min(self.cfg.prefill_chunk, limit or self.cfg.prefill_chunk))
-        _, hidden, captured = self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False,
-                                                  capture_layers=self.proposer.capture_layers)
         self.kv.set_length(seq.slot, end)
         seq.num_prefilled = end
-        self.proposer.prefill(seq, start, end, (hidden[0], {i: h[0] for i, h in captured.items()}))
+        self.proposer.prefill(seq, start, end, states)
         if end == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()
-        return end - start
 
     def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
         """Each sequence's draft cap this step: one length for the batch (it shares one verify

@@ -28,11 +28,16 @@ class StepTiming:
     propose_s: float
     verify_s: float
     verify_rows: int  # rows the verify forward computed: sum of (root + draft) when it ran packed, else B x T
+    # per prompt chunk fed in the verify forward: (hidden [n, H], captured {layer: [n, H]}) of its rows
+    prefilled: list[tuple[torch.Tensor, dict[int, torch.Tensor]]]
 
 
 def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequence], ks: list[int],
-                     now: Callable[[], float]) -> tuple[list[SeqResult], StepTiming]:
-    """Advances every sequence by 1 + (accepted drafts) tokens. ``ks[b]`` caps sequence b's draft."""
+                     now: Callable[[], float], prefills: list[tuple[Sequence, list[int]]] = ()
+                     ) -> tuple[list[SeqResult], StepTiming]:
+    """Advances every sequence by 1 + (accepted drafts) tokens. ``ks[b]`` caps sequence b's draft.
+    ``prefills``: (sequence, prompt tokens after its cached ones) chunks that ride in the verify forward
+    (their KV is written past the committed length, which the caller then advances); they get no logits."""
     kv = runner.kv
     # -- propose
     t0 = now()
@@ -43,19 +48,29 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
     starts = [kv.lengths[s.slot] for s in seqs]
     tokens = [[s.tokens[-1]] + t.tokens for s, t in zip(seqs, trees)]
     positions = [[L + d for d in [0] + t.depths()] for L, t in zip(starts, trees)]
+    B = len(seqs)
+    for s, chunk in prefills:  # a prompt chunk: consecutive positions after what the cache holds
+        L = kv.lengths[s.slot]
+        tokens.append(chunk)
+        positions.append(list(range(L, L + len(chunk))))
     T = max(len(x) for x in tokens)
     tree_mask = None
     if not all(t.is_chain for t in trees):
-        tree_mask = torch.zeros(len(seqs), T, T, dtype=torch.bool)
+        tree_mask = torch.zeros(len(tokens), T, T, dtype=torch.bool)
         for b, t in enumerate(trees):
             tree_mask[b, :len(t) + 1, :len(t) + 1] = t.attention_mask()
+        for b, (_, chunk) in enumerate(prefills, B):
+            tree_mask[b, :len(chunk), :len(chunk)] = torch.ones(len(chunk), len(chunk), dtype=torch.bool).tril()
     # On the cpu-native backend every verify row already gets the bits its plain decoding gives. On
     # torch-sdpa, row_exact buys that for a single sequence (query by query); a batch attends
     # together there (B x T calls per layer would cost too much).
-    logits, hidden, captured = runner.forward([s.slot for s in seqs], tokens, positions, tree_mask,
-                                              capture_layers=proposer.capture_layers, row_exact=len(seqs) == 1,
-                                              packed_logits=True)  # [sum of len(tokens[b]), V]
+    logits, hidden, captured = runner.forward([s.slot for s in seqs] + [s.slot for s, _ in prefills], tokens,
+                                              positions, tree_mask, capture_layers=proposer.capture_layers,
+                                              row_exact=len(tokens) == 1, packed_logits=True,
+                                              logits_for=B)  # [sum of len(tokens[b]) for b < B, V]
     t2 = now()
+    prefilled = [(hidden[b, :len(chunk)], {i: h[b, :len(chunk)] for i, h in captured.items()})
+                 for b, (_, chunk) in enumerate(prefills, B)]
 
     # -- accept (pure): every tree in one call; paths reach the host in one transfer
     path_of, token_of = accept_trees(trees, logits, seqs)
@@ -87,7 +102,7 @@ def speculative_step(runner: ModelRunner, proposer: Proposer, seqs: list[Sequenc
         depth = max(tree.depths(), default=0)
         seq.stats.record(depth, len(path), (t1 - t0) * decoding, (t2 - t1) * decoding, proposer.drafted_by(seq))
         results.append(SeqResult(delta, depth, len(path)))
-    return results, StepTiming(t1 - t0, t2 - t1, runner.last_rows)
+    return results, StepTiming(t1 - t0, t2 - t1, runner.last_rows, prefilled)
 
 
 def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[list[int]], list[int]]:

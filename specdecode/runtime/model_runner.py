@@ -26,8 +26,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, slots: list[int], tokens: list[list[int]], positions: list[list[int]] | None = None,
                 tree_mask: torch.Tensor | None = None, logits: bool = True, last_only: bool = False,
-                capture_layers: tuple[int, ...] = (), row_exact: bool = False, packed_logits: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+                capture_layers: tuple[int, ...] = (), row_exact: bool = False, packed_logits: bool = False,
+                logits_for: int | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
         """Feeds ``tokens[b]`` to sequence ``slots[b]`` after its committed tokens.
 
         positions[b] default to consecutive positions after the committed length (a chain); a tree
@@ -38,7 +38,9 @@ class ModelRunner:
         row_exact: attend query by query (runtime/context.py), for verify forwards.
         packed_logits: logits of the real rows only, [N, V] in (b, t) order (N = the number of tokens
         fed): a ragged batch's logits are not copied into a zero-padded [B, T, V], a copy of several
-        MB that costs a batched verify more than a row of its GEMMs.
+        MB that costs a batched verify more than a row of its GEMMs. logits_for: with packed_logits, only
+        the first ``logits_for`` sequences' rows get logits (the rest ride along for their KV and hidden
+        states: prompt chunks in a verify forward).
         Does not commit: the new tokens sit in the cache beyond ``kv.lengths[slot]``."""
         B = len(slots)
         num_new = [len(t) for t in tokens]
@@ -70,6 +72,9 @@ class ModelRunner:
         if not logits:
             return None, hidden, ctx.captured
         if packed_logits:
+            if logits_for is not None and logits_for < B:
+                real = (real if real is not None else torch.ones(B, T, dtype=torch.bool, device=self.device)).clone()
+                real[logits_for:] = False
             return self.model.compute_logits(hidden[real] if real is not None else hidden.flatten(0, 1)), \
                 hidden, ctx.captured
         if last_only:
