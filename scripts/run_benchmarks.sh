@@ -604,3 +604,29 @@ for wt in /tmp/wt_base $PWD; do
   (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
     --max-tokens 96 --max-num-seqs 8 --rounds 2 --temperature 0.7 --seed 0 --prompts $P)
 done
+# Round 28 (Intel Xeon fam 6 model 207, 2 cores): auto's idle planning in a full batch; --max-prefill-tokens.
+# "Before" is 5e8ce3d (round 27's last commit) in a second worktree.
+git worktree add /tmp/wt_base 5e8ce3d
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+for i in 1 2; do
+  for wt in /tmp/wt_base $PWD; do
+    (cd $wt && python scripts/bench_batch_drafters.py --spec-types none,auto --prompts $P)
+  done
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --turns 1 --prompts $P)
+done
+for wt in $PWD /tmp/wt_base; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P)
+done
+# a prompt's prefill beside decoding requests (run at 66819ae, then at 9721b1a)
+for n in 32 0; do
+  specdecode bench-serve -t $T --spec-types none,auto --concurrency 8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
+    --rounds 2 --max-prefill-tokens $n --prompts $P
+done
+# the verify curve; the kernels alone; vpdpbusd beside the epilogue's kinds of operation
+for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 21; done
+PYTHONPATH=. python scripts/bench_kernels.py --threads 2 --rows 1,10,64
+gcc -O2 -march=native scripts/dpbusd_mix.c -o /tmp/dpbusd_mix && /tmp/dpbusd_mix && /tmp/dpbusd_mix
+git worktree remove --force /tmp/wt_base
