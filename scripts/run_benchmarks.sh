@@ -628,5 +628,5 @@ done
 # the verify curve; the kernels alone; vpdpbusd beside the epilogue's kinds of operation
 for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 21; done
 PYTHONPATH=. python scripts/bench_kernels.py --threads 2 --rows 1,10,64
-gcc -O2 -march=native scripts/dpbusd_mix.c -o /tmp/dpbusd_mix && /tmp/dpbusd_mix && /tmp/dpbusd_mix
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && /tmp/dpbusd_peak && /tmp/dpbusd_peak
 git worktree remove --force /tmp/wt_base
