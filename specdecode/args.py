@@ -52,8 +52,8 @@ def add_prefill_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=_ENG["prefill_chunk"],
                    help="prompt tokens per forward (bounds a long prompt's stall of running decodes)")
     p.add_argument("--max-prefill-tokens", type=int, default=_ENG["max_prefill_tokens"],
-                   help="prompt tokens prefilled in one step while other requests decode (bounds the "
-                        "inter-token latency a new request's prefill adds; 0: no limit)")
+                   help="prompt tokens prefilled in one step while at least as many requests decode as "
+                        "prompts wait (bounds the inter-token latency a joining request's prefill adds; 0: no limit)")
 
 
 def add_spec_args(p: argparse.ArgumentParser) -> None:

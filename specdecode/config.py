@@ -95,13 +95,12 @@ class EngineConfig:
     # (engine/prompt_store.py; llama.cpp's --cache-ram); 0 = keep a prompt only while its slot is free
     prompt_cache_mib: int = 2048
     prefill_chunk: int = 512  # prompt tokens per forward: bounds a long prompt's stall of running decodes
-    # prompt tokens prefilled in one step while other requests decode (SGLang's --max-prefill-tokens),
-    # in the decoders' verify forward: their next token waits for those rows, so this bounds the
-    # inter-token latency a new request's prefill adds (on a 2-core CPU ~4 ms a token: 32 -> ~0.13 s).
-    # 0 = no limit and a forward per chunk, the default: a burst of new prompts then prefills at once
-    # instead of a few at a time beside decoders stepping at a small batch (a CPU's throughput:
-    # docs/benchmarks.md, round 28)
-    max_prefill_tokens: int = 0
+    # prompt tokens prefilled in one step while at least as many requests decode as prompts wait (SGLang's
+    # --max-prefill-tokens), in the decoders' verify forward: their next token waits for those rows, so
+    # this bounds the inter-token latency a joining request's prefill adds (on a 2-core CPU ~4 ms a
+    # token: 32 -> ~0.13 s a step, where a 70-token prompt stalled the batch ~0.3 s and a 512-token chunk
+    # ~2 s). A burst of prompts that outnumbers the decoders prefills at once. 0 = no limit, a forward per chunk
+    max_prefill_tokens: int = 32
     # KV-cache element type: auto = bfloat16 for a quantized model on CPU (half the memory of float32,
     # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.
     kv_cache_dtype: str = "auto"

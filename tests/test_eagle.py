@@ -846,9 +846,22 @@ def test_a_prompt_prefilled_in_small_chunks_stays_greedy(plain, monkeypatch, max
     ends normally, token for token plain greedy, and a head that drafts is accepted."""
     m = target(bigram=True)
     eng = llm(m, "eagle3", forced_head(m), knobs, prefill_chunk=4, max_prefill_tokens=max_prefill_tokens)
+    e = eng.engine
     if not drafting:
-        monkeypatch.setattr(eng.engine, "_draft_lengths", lambda seqs: [0] * len(seqs))
-    outs = eng.generate(PROMPTS, GREEDY)
-    assert [o.finish_reason for o in outs] == ["length"] * len(PROMPTS)
-    assert [o.token_ids for o in outs] == plain[True]
-    assert (sum(o.stats["spec"]["accepted_tokens"] for o in outs) > 0) == drafting
+        monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs))
+    forwards, forward = [], e.runner.forward
+    monkeypatch.setattr(e.runner, "forward", lambda *a, **kw: forwards.append(len(a[0])) or forward(*a, **kw))
+    seqs = [e.add_request(PROMPTS[i], GREEDY) for i in (2, 0)]  # [42] decodes at once, beside a prompt
+    while not all(map(e._decoding, seqs)):
+        e.step()
+    seqs.append(e.add_request(PROMPTS[1], GREEDY))  # joins two decoding requests
+    forwards.clear()
+    while not e._decoding(seqs[2]):
+        e.step()
+    # with the cap its chunks ride in the verify forwards (three slots each); else they run alone
+    assert (1 not in forwards) == bool(max_prefill_tokens)
+    while e.has_work():
+        e.step()
+    assert [s.finish_reason for s in seqs] == ["length"] * 3
+    assert [s.output_ids for s in seqs] == [plain[True][i] for i in (2, 0, 1)]
+    assert (sum(s.stats.accepted_tokens for s in seqs) > 0) == drafting

@@ -207,3 +207,25 @@ def test_a_new_prompt_prefills_within_the_step_budget_while_others_decode(budget
     while not (a.finished and b.finished):
         eng.step()
     assert [a.output_ids, b.output_ids] == alone
+
+
+def test_a_burst_of_prompts_prefills_at_once_beside_fewer_decoders():
+    """--max-prefill-tokens caps prompts only while at least as many requests decode as prompts wait: a
+    burst that outnumbers the decoders prefills whole chunks at once (throttled, it would keep many
+    requests waiting to spare a few a stall); once decoders are as many, a joining prompt is capped."""
+    from specdecode import SamplingParams
+    from tiny_models import tiny_llm
+
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    eng = tiny_llm(max_prefill_tokens=5, prefill_chunk=16, max_num_seqs=4).engine
+    a = eng.add_request([3, 4, 5, 6] * 5, params)
+    while not eng._decoding(a):
+        eng.step()
+    b, c = eng.add_request([7, 8, 9] * 9, params), eng.add_request([9, 8, 7] * 9, params)
+    eng.step()
+    assert (b.num_prefilled, c.num_prefilled) == (16, 16)  # two prompts against one decoder: uncapped
+    eng.step()
+    assert eng._decoding(b) and eng._decoding(c)
+    d = eng.add_request([1, 2] * 10, params)
+    eng.step()
+    assert d.num_prefilled == 5  # three decoders, one prompt: capped

@@ -174,10 +174,13 @@ class Engine:
             self.running.append(seq)
         outputs = []
         ready = [s for s in self.running if self._decoding(s)]
-        # while requests decode, --max-prefill-tokens caps the step's prompt tokens, which then ride in
-        # the decoders' verify forward; otherwise each chunk is a forward of its own, and a prompt it
-        # completes decodes in this step already
-        merge = bool(ready) and self.cfg.max_prefill_tokens > 0
+        joining = sum(not self._decoding(s) and not s.finished for s in self.running)
+        # while at least as many requests decode as prompts wait, --max-prefill-tokens caps the step's
+        # prompt tokens, which then ride in the decoders' verify forward (a burst of new prompts, which
+        # outnumber the decoders, prefills at once: throttled, it would keep many requests waiting to spare
+        # a few a stall); otherwise each chunk is a forward of its own, and a prompt it completes decodes
+        # in this step already
+        merge = len(ready) >= joining > 0 and self.cfg.max_prefill_tokens > 0
         chunks = self._prefill_plan(self.cfg.max_prefill_tokens if merge else None)
         if not merge:
             for seq, end in chunks:
