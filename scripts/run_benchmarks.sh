@@ -625,6 +625,11 @@ for n in 32 0; do
   specdecode bench-serve -t $T --spec-types none,auto --concurrency 8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
     --rounds 2 --max-prefill-tokens $n --prompts $P
 done
+# the server at the session's end, defaults (44193e4 against 5e8ce3d)
+for wt in /tmp/wt_base $PWD; do
+  (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+    --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P)
+done
 # the verify curve; the kernels alone; vpdpbusd beside the epilogue's kinds of operation
 for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 21; done
 PYTHONPATH=. python scripts/bench_kernels.py --threads 2 --rows 1,10,64
