@@ -620,7 +620,8 @@ for wt in $PWD /tmp/wt_base; do
   (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
     --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P)
 done
-# a prompt's prefill beside decoding requests (run at 66819ae, then at 9721b1a, then at 44193e4 twice: 32 0, 0 32)
+# a prompt's prefill beside decoding requests (run at 66819ae, then at 9721b1a, then at 44193e4 twice: 32 0, 0 32;
+# then 32 0 with bench-serve's longest-wait column)
 for n in 32 0; do
   specdecode bench-serve -t $T --spec-types none,auto --concurrency 8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
     --rounds 2 --max-prefill-tokens $n --prompts $P

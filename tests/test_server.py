@@ -345,7 +345,8 @@ def test_bench_serve_rounds_combine_by_medians_and_paired_ratios():
 
     def level(tps, ttft):
         return {"requests": 4, "request_throughput": tps / 10, "output_tokens_per_s": tps, "ttft_p50_ms": ttft,
-                "ttft_p99_ms": ttft, "itl_p50_ms": 1.0, "itl_p99_ms": 1.0, "tpot_p50_ms": 1.0, "tpot_p99_ms": 1.0,
+                "ttft_p99_ms": ttft, "itl_p50_ms": 1.0, "itl_p99_ms": 1.0, "itl_max_ms": 2.0, "tpot_p50_ms": 1.0,
+                "tpot_p99_ms": 1.0,
                 "duration_s": 1.0, "tau": 1.0, "acceptance_rate": 0.0}
     # the machine drifts: round 2 is slower for both, so the paired ratios stay near 0.9
     runs = {"none": {8: [level(100, 5), level(80, 7), level(102, 6)]},
@@ -356,6 +357,18 @@ def test_bench_serve_rounds_combine_by_medians_and_paired_ratios():
     table = format_table(out)
     assert "0.90x (0.90-0.91)" in table and "(72.0-93.0)" in table
     assert combine_rounds({"none": {1: [level(30, 5)]}}) == {"none": {1: level(30, 5)}}  # one round: as it was
+
+
+def test_bench_serve_level_summary_reports_the_longest_inter_token_wait():
+    """A level's summary: p50 / p99 of the inter-token gaps over all requests, and the longest one (a
+    prefill that stalls decoding requests shows there first)."""
+    from specdecode.bench.serve import format_table, summarize_level
+
+    records = [{"completion_tokens": 11, "itl_s": [0.05] * 9 + [0.4], "e2e_s": 1.0, "ttft_s": 0.1, "spec": {}},
+               {"completion_tokens": 3, "itl_s": [0.05, 0.06], "e2e_s": 0.3, "ttft_s": 0.2, "spec": {}}]
+    s = summarize_level(records, 2.0)
+    assert s["itl_p50_ms"] == 50.0 and s["itl_max_ms"] == 400.0 and s["itl_p99_ms"] < 400.0
+    assert "itlmax" in format_table({"none": {2: s}}) and " 400.0 " in format_table({"none": {2: s}})
 
 
 def test_limits_on_bodies_and_stop_strings(server):

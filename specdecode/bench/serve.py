@@ -5,7 +5,8 @@ process on 127.0.0.1 (target weights loaded once and shared). Each concurrency l
 prompt set as streamed chat requests, ``c`` at a time, starting cold (a fresh engine, or the running
 server's prefix cache reset), and reports request throughput, output tok/s, time to first token,
 inter-token latency (the gap between streamed chunks: with speculation one chunk can carry several
-tokens) and time per output token, p50 / p99, and τ from the servers' per-request ``spec`` figures.
+tokens) and time per output token, p50 / p99 (and the longest inter-token wait), and τ from the servers'
+per-request ``spec`` figures.
 Client and in-process server share the CPU and the GIL; for figures that matter run the server
 separately and pass --url."""
 from __future__ import annotations
@@ -139,7 +140,8 @@ def summarize_level(records: list[dict], wall: float) -> dict:
     return {"requests": len(records), "duration_s": round(wall, 3),
             "request_throughput": round(len(records) / wall, 3), "output_tokens_per_s": round(out_tok / wall, 2),
             "ttft_p50_ms": ms(ttft, 50), "ttft_p99_ms": ms(ttft, 99), "itl_p50_ms": ms(itl, 50),
-            "itl_p99_ms": ms(itl, 99), "tpot_p50_ms": ms(tpot, 50), "tpot_p99_ms": ms(tpot, 99),
+            "itl_p99_ms": ms(itl, 99), "itl_max_ms": ms(itl, 100), "tpot_p50_ms": ms(tpot, 50),
+            "tpot_p99_ms": ms(tpot, 99),
             "tau": round(1 + acc / steps, 3) if steps else 1.0,
             "acceptance_rate": round(acc / drafted, 3) if drafted else 0.0}
 
@@ -248,7 +250,7 @@ def combine_rounds(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int
 def format_table(results: dict) -> str:
     base = next(iter(results.values()))
     lines = [f"{'config':20s} {'conc':>4s} {'req/s':>7s} {'tok/s':>8s} {'ttft50':>8s} {'ttft99':>8s} "
-             f"{'itl50':>7s} {'itl99':>7s} {'tpot50':>7s} {'tau':>5s} {'vs first':>8s}"]
+             f"{'itl50':>7s} {'itl99':>7s} {'itlmax':>7s} {'tpot50':>7s} {'tau':>5s} {'vs first':>8s}"]
     for label, by_c in results.items():
         for c, f in by_c.items():
             ref = base.get(c, {}).get("output_tokens_per_s")
@@ -261,7 +263,8 @@ def format_table(results: dict) -> str:
                 tps += f" ({min(f['output_tokens_per_s_runs']):.1f}-{max(f['output_tokens_per_s_runs']):.1f})"
             lines.append(f"{label:20s} {c:4d} {f['request_throughput']:7.2f} {tps} "
                          f"{f['ttft_p50_ms']:8.1f} {f['ttft_p99_ms']:8.1f} {f['itl_p50_ms']:7.1f} "
-                         f"{f['itl_p99_ms']:7.1f} {f['tpot_p50_ms']:7.1f} {f['tau']:5.2f} {rel:>8s}")
+                         f"{f['itl_p99_ms']:7.1f} {f.get('itl_max_ms', float('nan')):7.1f} {f['tpot_p50_ms']:7.1f} "
+                         f"{f['tau']:5.2f} {rel:>8s}")
     note = "\n(latencies in ms; 'vs first': output tok/s against the first configuration"
     if any("rounds" in f for by_c in results.values() for f in by_c.values()):
         note += "; several rounds: medians, tok/s's range, and 'vs first' the median (range) of each round's ratio"
