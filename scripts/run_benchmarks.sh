@@ -626,6 +626,10 @@ for n in 32 0; do
   specdecode bench-serve -t $T --spec-types none,auto --concurrency 8 --requests 16 --max-tokens 96 --max-num-seqs 8 \
     --rounds 2 --max-prefill-tokens $n --prompts $P
 done
+for n in 0 32; do  # a longer run: 48 requests
+  specdecode bench-serve -t $T --spec-types none,auto --concurrency 8 --requests 48 --max-tokens 96 --max-num-seqs 8 \
+    --rounds 2 --max-prefill-tokens $n --prompts $P
+done
 # the server at the session's end, defaults (44193e4 against 5e8ce3d)
 for wt in /tmp/wt_base $PWD; do
   (cd $wt && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
