@@ -174,7 +174,7 @@ class Engine:
             self.running.append(seq)
         outputs = []
         ready = [s for s in self.running if self._decoding(s)]
-        joining = sum(not self._decoding(s) and not s.finished for s in self.running)
+        joining = sum(map(self._prefilling, self.running))
         # while at least as many requests decode as prompts wait, --max-prefill-tokens caps the step's
         # prompt tokens, which then ride in the decoders' verify forward (a burst of new prompts, which
         # outnumber the decoders, prefills at once: throttled, it would keep many requests waiting to spare
@@ -249,18 +249,21 @@ class Engine:
         """Prefilled (all but the last prompt token, the first root) and not finished: it takes a step."""
         return seq.num_prefilled >= len(seq.prompt_ids) - 1 and not seq.finished
 
+    @staticmethod
+    def _prefilling(seq: Sequence) -> bool:
+        """Prompt tokens left to prefill and not finished: it takes a chunk."""
+        return seq.num_prefilled < len(seq.prompt_ids) - 1 and not seq.finished
+
     def _prefill_plan(self, budget: int | None) -> list[tuple[Sequence, int]]:
         """This step's prompt chunks, (sequence, end): up to cfg.prefill_chunk tokens of each prompt, never
         its last one (the first root), at most ``budget`` in all (None: no cap), oldest prompt first."""
         chunks = []
-        for seq in self.running:
-            start, last = seq.num_prefilled, len(seq.prompt_ids) - 1
-            if start >= last or seq.finished:
-                continue
+        for seq in filter(self._prefilling, self.running):
             n = self.cfg.prefill_chunk if budget is None else min(self.cfg.prefill_chunk, budget)
             if n <= 0:
                 break
-            chunks.append((seq, min(last, start + n)))
+            start = seq.num_prefilled
+            chunks.append((seq, min(len(seq.prompt_ids) - 1, start + n)))
             if budget is not None:
                 budget -= chunks[-1][1] - start
         return chunks
