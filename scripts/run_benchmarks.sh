@@ -640,3 +640,62 @@ for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 21; done
 PYTHONPATH=. python scripts/bench_kernels.py --threads 2 --rows 1,10,64
 gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && /tmp/dpbusd_peak && /tmp/dpbusd_peak
 git worktree remove --force /tmp/wt_base
+# Round 29 (AMD EPYC family 25 model 17, Zen 4: AVX512-VNNI, no AVX-VNNI): every point of the CPU-step issue; the
+# int4 epilogue's parts; what one activation scale per block of B inputs costs. Code: 146951c in a worktree.
+git worktree add /tmp/wt_bench 146951c
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# llama.cpp: the sdist fetched without building its build dependencies from source, then build-llama-cpp's steps
+pip download -q --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36 -d /tmp/sd
+# (unpack vendor/llama.cpp to /tmp/llama.cpp-peer/src; cmake -DGGML_NATIVE=ON ...; a copy at /tmp/llama.cpp-avx2 with)
+(cd /tmp/llama.cpp-avx2 && cmake -B build -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+  -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release &&
+  cmake --build build -j2 --target llama-server)
+cd /tmp/wt_bench
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && /tmp/dpbusd_peak && /tmp/dpbusd_peak
+taskset -c 0 /tmp/dpbusd_peak & taskset -c 1 /tmp/dpbusd_peak; wait  # two physical cores or one shared?
+PYTHONPATH=. python scripts/bench_kernels.py --threads 2 --rows 1,5,9
+python - <<'PY'  # timing-only variants of group_row (wrong outputs) and of the prefetch distances
+s = open("specdecode/kernels/quant_gemm.c").read()
+f = """    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(*sx));"""
+old = f + """
+    *acc = _mm512_fmadd_ps(f, sv, *acc);
+    *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(*xsum), *acc);"""
+out = {
+    "noepi": s.replace(old, """    (void)sx; (void)xsum; (void)sv; (void)mv;
+    *acc = _mm512_add_ps(*acc, _mm512_castsi512_ps(dot));"""),
+    "dpwssd1": s.replace(old, """    (void)sx; (void)xsum; (void)mv;
+    *acc = _mm512_castsi512_ps(_mm512_dpwssd_epi32(_mm512_castps_si512(*acc), dot, _mm512_castps_si512(sv)));"""),
+    "magic": s.replace(f, """    const __m512 f = _mm512_fmadd_ps(_mm512_castsi512_ps(dot), _mm512_set1_ps(*sx), _mm512_set1_ps(*xsum));"""),
+    "nomins": s.replace("    *acc = _mm512_fmadd_ps(mv, _mm512_set1_ps(*xsum), *acc);\n}", "    (void)mv; (void)xsum;\n}"),
+}
+for level, value in (("FAR", 32768), ("FAR", 8192), ("NEAR", 2048), ("NEAR", 8192)):
+    out[f"pf_{level}_{value}"] = "\n".join(f"#define PF_{level} {value}" if l.startswith(f"#define PF_{level} ") else l
+                                         for l in s.split("\n"))
+for k, v in out.items():
+    open(f"/tmp/qg_{k}.c", "w").write(v)
+PY
+for v in noepi dpwssd1 magic nomins; do
+  python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_$v.c --threads 2 --stream --int4-only --rows 1,5,9 --no-check
+done
+for v in FAR_32768 FAR_8192 NEAR_2048 NEAR_8192; do
+  python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_pf_$v.c --threads 2 --stream --rows 1,5
+done
+for i in 1 2; do python scripts/bench_verify_curve.py --rounds 21; done
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_verify_curve.py --rounds 21
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
+  --theirs plain,ngram-mod --rounds 2 --json-out out/r29_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r29_vs_llamacpp_avx2.json
+python scripts/bench_runtime.py --quant auto --threads $T --reps 3 --decode-tokens 64 --json-out out/r29_runtime_avx512.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --threads $T --reps 3 \
+  --decode-tokens 64 --json-out out/r29_runtime_avx2.json
+python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --threads $T --rounds 5
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r29_serve.json
+python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --prompts $P --json-out out/r29_greedy.json
+python scripts/spec_bench_categories.py out/r29_greedy.json
+cd - && git worktree remove --force /tmp/wt_bench
+# the new scripts, from the checkout (scripts/ added after 146951c)
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,rag,math,qa --reps 3
+python scripts/act_scale_blocks.py --tokens 512 --blocks 32,64,128,256
