@@ -699,3 +699,9 @@ cd - && git worktree remove --force /tmp/wt_bench
 # the new scripts, from the checkout (scripts/ added after 146951c)
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,rag,math,qa --reps 3
 python scripts/act_scale_blocks.py --tokens 512 --blocks 32,64,128,256
+# one row's dots in two chains (tile_rows' inner loop with a second accumulator for the high nibbles when RB == 1,
+# added after the chunk loop: /tmp/qg_2chain.c, same bits), and a null A/B
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2chain.c --threads 2 --stream --rows 1,2
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2chain.c --threads 2 --stream --rows 1
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c specdecode/kernels/quant_gemm.c --threads 2 --stream --rows 1
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2chain.c --threads 1 --rows 1
