@@ -15,13 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import sysconfig
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from quant_agreement import agreement, passage_ids, teacher_forced  # noqa: E402  (scripts/ is sys.path[0])
 
 
 def rounded(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -41,14 +41,10 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specdecode.loader import load_checkpoint
-    from specdecode.runtime.kv_cache import KVCache
-    from specdecode.runtime.model_runner import ModelRunner
     from specdecode.store import resolve_model
-    from specdecode.tokenizer import Tokenizer
 
     path = resolve_model(a.model)
-    text = (Path(sysconfig.get_paths()["stdlib"]) / "textwrap.py").read_text()
-    ids = Tokenizer.from_gguf(path).encode(text, add_special_tokens=False)[:a.tokens]
+    ids = passage_ids(path, a.tokens)
     model, _ = load_checkpoint(path, torch.float32, "cpu", "none")
     block = {"B": 0}
 
@@ -59,18 +55,11 @@ def main() -> int:
         if isinstance(m, torch.nn.Linear) and "lm_head" not in name:
             m.forward = linear.__get__(m)
 
-    def logits() -> torch.Tensor:
-        c = model.cfg
-        runner = ModelRunner(model, KVCache(c.num_layers, 1, len(ids) + 8, c.num_kv_heads, c.head_dim, torch.float32))
-        return runner.forward([runner.kv.allocate()], [ids])[0][0]
-
     with torch.inference_mode():
-        ref = logits()
+        ref = teacher_forced(model, ids)
         for b in (int(s) for s in a.blocks.split(",")):
             block["B"] = b
-            got = logits()
-            agree = (ref.argmax(-1) == got.argmax(-1)).float().mean().item()
-            kl = F.kl_div(got.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="batchmean").item()
+            agree, kl = agreement(ref, teacher_forced(model, ids))
             print(json.dumps({"model": a.model, "block": b, "tokens": len(ids), "top1_agreement": round(agree, 4),
                               "mean_kl": round(kl, 5)}), flush=True)
     return 0
