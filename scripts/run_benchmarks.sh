@@ -705,3 +705,24 @@ python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2chain.c --
 python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2chain.c --threads 2 --stream --rows 1
 python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c specdecode/kernels/quant_gemm.c --threads 2 --stream --rows 1
 python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2chain.c --threads 1 --rows 1
+# what a parallel region costs: one int4 GEMM call per shape, cache-hot, on 1 and on 2 threads
+for t in 1 2; do python - $t <<'PY'
+import statistics, sys, time, torch
+from specdecode.kernels import int4_scale_buffers, native_kernels
+from specdecode.layers.quant.formats import super_groups
+torch.set_num_threads(int(sys.argv[1]))
+nk = native_kernels()
+for n, k in ((16, 256), (256, 1536), (1536, 1536)):
+    g = k // 32
+    sub, sup = int4_scale_buffers(n, g, g // super_groups(g))
+    sub.random_(0, 256); sup.random_(0, 0x3000)
+    w, x = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8), torch.randn(1, k)
+    for _ in range(50): nk.int4_gemm(x, w, sub, sup, n, 32)
+    ts = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        for _ in range(200): nk.int4_gemm(x, w, sub, sup, n, 32)
+        ts.append((time.perf_counter() - t0) / 200)
+    print(sys.argv[1], "threads", n, k, f"{statistics.median(ts) * 1e6:.1f} us/call")
+PY
+done
