@@ -1,8 +1,8 @@
 """Two --spec-type configurations on one prompt at a time, stepped alternately (one engine step each in
-turn) over the same target weights, so that a drift of the machine's speed, which on some hosts moves a
-plain step by 20 % within a minute, hits both alike; bench_vs_llamacpp.py runs whole requests one after
-the other and its per-prompt ratios carry that drift. Decode time only (the steps after the first
-token); every repetition starts the second configuration's drafters afresh.
+turn, the order flipped every turn) over the same target weights, so that a drift of the machine's speed,
+which on some hosts moves a plain step by 20 % within a minute, hits both alike; bench_vs_llamacpp.py runs
+whole requests one after the other and its per-prompt ratios carry that drift. Decode time only (the steps
+after the first token); every repetition starts the second configuration's drafters afresh.
 
     python scripts/bench_interleaved.py --spec-types none,auto --categories roleplay,rag --reps 3
 """
@@ -53,8 +53,10 @@ def main() -> int:
             engines = {first: base.engine, other: llm.engine}
             seqs = {k: e.add_request(list(ids), params) for k, e in engines.items()}
             spent = dict.fromkeys(engines, 0.0)
+            turn = 0
             while not all(s.finished for s in seqs.values()):
-                for k, e in engines.items():
+                turn += 1  # ABBA: neither engine always runs right after the other's forward
+                for k, e in (reversed if turn % 2 else list)(list(engines.items())):
                     if seqs[k].finished:
                         continue
                     decoding = len(seqs[k].output_ids) >= 1

@@ -697,7 +697,7 @@ python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-toke
 python scripts/spec_bench_categories.py out/r29_greedy.json
 cd - && git worktree remove --force /tmp/wt_bench
 # the new scripts, from the checkout (scripts/ added after 146951c)
-SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,rag,math,qa --reps 3
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,rag,math,qa --reps 3  # at e6b6174 (the same order every turn)
 python scripts/act_scale_blocks.py --tokens 512 --blocks 32,64,128,256
 # one row's dots in two chains (tile_rows' inner loop with a second accumulator for the high nibbles when RB == 1,
 # added after the chunk loop: /tmp/qg_2chain.c, same bits), and a null A/B
@@ -726,3 +726,7 @@ for n, k in ((16, 256), (256, 1536), (1536, 1536)):
     print(sys.argv[1], "threads", n, k, f"{statistics.median(ts) * 1e6:.1f} us/call")
 PY
 done
+# bench_interleaved with the order flipped every turn; auto's costs at batch 1 on the AVX2 body
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,rag,math,qa --reps 3
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_batch_drafters.py --spec-types none,auto --slots 1 --requests 4 \
+  --max-tokens 128 --prompts $P
