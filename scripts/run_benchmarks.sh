@@ -730,3 +730,19 @@ done
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,rag,math,qa --reps 3
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_batch_drafters.py --spec-types none,auto --slots 1 --requests 4 \
   --max-tokens 128 --prompts $P
+# the head's calibrated and measured cost per proposal, both bodies (roleplay and writing, 128 tokens each)
+for flags in -mno-avx512f ""; do SPECDECODE_NATIVE_FLAGS="$flags" python - <<'PY'
+from specdecode import LLM, SamplingParams
+from specdecode.bench.prompts import DEFAULT_PROMPTS, load_prompts
+llm = LLM("qwen2.5-coder-1.5b-instruct", spec_type="auto", threads=2, max_num_seqs=1)
+ps = {p.category: p for p in load_prompts(DEFAULT_PROMPTS, limit=1)}
+llm.generate([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+head = [m for m in llm.engine.proposer.members if not m.draftless][0]
+print("head draft_cost(1)", head.draft_cost(1), "verify(1,1)", llm.engine.costs.verify_cost(1, 1),
+      "verify(1,2)", llm.engine.costs.verify_cost(1, 2))
+for cat in ("roleplay", "writing"):
+    ids = llm.encode_chat([{"role": "user", "content": ps[cat].text}])
+    o = llm.generate(ids, SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))[0]
+    print(cat, o.stats["spec"]["by_drafter"].get("eagle3"))
+PY
+done
