@@ -39,11 +39,10 @@ def main() -> int:
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     base.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
-    by_cat = {}
-    for p in load_prompts(a.prompts, None, None):
-        by_cat.setdefault(p.category, p)
+    cats = a.categories.split(",") if a.categories else None
+    by_cat = {p.category: p for p in load_prompts(a.prompts, cats, limit=1)}
     ratios = []
-    for cat in a.categories.split(",") if a.categories else list(by_cat):
+    for cat in cats or list(by_cat):
         ids = base.encode_chat([{"role": "user", "content": by_cat[cat].text}])
         for rep in range(a.reps):
             llm = LLM(a.model, spec_type=other, threads=a.threads, max_num_seqs=1,
@@ -53,10 +52,10 @@ def main() -> int:
             engines = {first: base.engine, other: llm.engine}
             seqs = {k: e.add_request(list(ids), params) for k, e in engines.items()}
             spent = dict.fromkeys(engines, 0.0)
-            turn = 0
+            order = list(engines.items())
             while not all(s.finished for s in seqs.values()):
-                turn += 1  # ABBA: neither engine always runs right after the other's forward
-                for k, e in (reversed if turn % 2 else list)(list(engines.items())):
+                order.reverse()  # ABBA: neither engine always runs right after the other's forward
+                for k, e in order:
                     if seqs[k].finished:
                         continue
                     decoding = len(seqs[k].output_ids) >= 1
@@ -69,7 +68,7 @@ def main() -> int:
             s = seqs[other]
             ratios.append(spent[first] / spent[other])
             print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s, {other} {spent[other]:.2f} s, "
-                  f"{other}/{first} speed {ratios[-1]:.3f}, tau {1 + s.stats.accepted_tokens / max(1, s.stats.steps):.2f}",
+                  f"{other}/{first} speed {ratios[-1]:.3f}, tau {s.stats.mean_acceptance_length:.2f}",
                   flush=True)
         cat_ratios = ratios[-a.reps:]
         print(f"{cat}: median {statistics.median(cat_ratios):.3f} ({min(cat_ratios):.3f}-{max(cat_ratios):.3f})", flush=True)
