@@ -347,3 +347,25 @@ def test_batch_with_padding_matches_single_trees():
         r = accept(t, x, greedy=True)
         assert acc[b].nonzero().flatten().tolist() == r.path and token[b].item() == r.token
         assert last[b].item() == (r.path[-1] if r.path else -1)
+
+
+def test_greedy_paths_on_host_lists_match_the_tensor_walk():
+    """The engine's greedy step walks host lists (greedy_paths); it must accept exactly what the
+    tensor rule (accept_batch, greedy) accepts, on random trees whose argmaxes often match a child."""
+    from specdecode.speculative.verify import greedy_paths
+
+    g = torch.Generator().manual_seed(7)
+    for _ in range(300):
+        trees = []
+        for _ in range(int(torch.randint(1, 5, (1,), generator=g))):
+            n = int(torch.randint(0, 7, (1,), generator=g))
+            parents = [int(torch.randint(-1, i, (1,), generator=g)) for i in range(n)]
+            trees.append(DraftTree([int(torch.randint(0, 3, (1,), generator=g)) for _ in range(n)], parents))
+        best = [int(torch.randint(0, 3, (1,), generator=g)) for _ in range(sum(len(t) + 1 for t in trees))]
+        paths, nxt = greedy_paths([t.tokens for t in trees], [t.parents for t in trees], best)
+        first = 0
+        for t, path, token in zip(trees, paths, nxt):
+            rows = torch.nn.functional.one_hot(torch.tensor(best[first:first + len(t) + 1]), V).float()
+            r = accept(t, rows, greedy=True)
+            assert (path, token) == (r.path, r.token)
+            first += len(t) + 1

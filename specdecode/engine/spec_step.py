@@ -12,7 +12,7 @@ from ..runtime.model_runner import ModelRunner
 from ..sampling import COIN, TARGET, apply_penalties, argmax_rows, process_logits, token_logprobs
 from ..speculative.proposer import Proposer
 from ..speculative.tree import DraftTree
-from ..speculative.verify import accept_batch, greedy_walk
+from ..speculative.verify import accept_batch, greedy_paths
 from .sequence import Sequence
 
 
@@ -114,6 +114,16 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
     the sampling rules decide exactly as the greedy one). A sampled request's random numbers come
     from its own RandomStream, by output position: what a batch-mate or an earlier draft did never
     changes them."""
+    rows = logits
+    sizes = [len(t) + 1 for t in trees]
+    params = [s.params for s, k in zip(seqs, sizes) for _ in range(k)]
+    if any(s.params.penalized for s in seqs):
+        # a penalty makes each row's distribution depend on the tokens before it, draft tokens included:
+        # the root's row follows the committed output, node i's also node i's path
+        outputs = [s.output_ids + path for s, t in zip(seqs, trees) for path in [[]] + t.paths()]
+        rows = apply_penalties(rows, params, [s.prompt_ids for s, k in zip(seqs, sizes) for _ in range(k)], outputs)
+    if all(s.params.greedy for s in seqs):  # argmaxes of the (penalized) logits decide
+        return greedy_paths([t.tokens for t in trees], [t.parents for t in trees], argmax_rows(rows).tolist())
     B, n = len(trees), max(len(t) for t in trees)
     tok = torch.zeros(B, n, dtype=torch.long)
     par = torch.full((B, n), -2, dtype=torch.long)  # < -1: padding, never tried
@@ -122,27 +132,15 @@ def accept_trees(trees: list[DraftTree], logits: torch.Tensor, seqs: list[Sequen
         par[b, :len(t)] = torch.tensor(t.parents, dtype=torch.long)
     # index [B, n + 1]: each (sequence, node row)'s row of logits; a padding node takes its root's row,
     # which the walks never read for it (padding is never tried)
-    sizes = [len(t) + 1 for t in trees]
     index, first = torch.zeros(B, n + 1, dtype=torch.long), 0
     for b, k in enumerate(sizes):
         index[b, :k] = torch.arange(first, first + k)
         index[b, k:] = first
         first += k
-    index = index.to(logits.device)
-    rows = logits
-    params = [s.params for s, k in zip(seqs, sizes) for _ in range(k)]
-    if any(s.params.penalized for s in seqs):
-        # a penalty makes each row's distribution depend on the tokens before it, draft tokens included:
-        # the root's row follows the committed output, node i's also node i's path
-        outputs = [s.output_ids + path for s, t in zip(seqs, trees) for path in [[]] + t.paths()]
-        rows = apply_penalties(rows, params, [s.prompt_ids for s, k in zip(seqs, sizes) for _ in range(k)], outputs)
-    if all(s.params.greedy for s in seqs):  # argmaxes of the (penalized) logits decide
-        _, token, accepted = greedy_walk(tok, par, argmax_rows(rows)[index])
-    else:
-        probs = process_logits(rows, params)  # [N, V]
-        # trees of one size lay their rows out as [B, n + 1] already: a view, not a copy of every row
-        probs = probs.view(B, n + 1, -1) if len(set(sizes)) == 1 else probs[index]
-        _, token, accepted = _accept_sampled(trees, seqs, tok, par, probs)
+    probs = process_logits(rows, params)  # [N, V]
+    # trees of one size lay their rows out as [B, n + 1] already: a view, not a copy of every row
+    probs = probs.view(B, n + 1, -1) if len(set(sizes)) == 1 else probs[index.to(probs.device)]
+    _, token, accepted = _accept_sampled(trees, seqs, tok, par, probs)
     accepted, token = accepted.cpu(), token.tolist()
     return [accepted[b, :len(t)].nonzero().flatten().tolist() for b, t in enumerate(trees)], token
 
