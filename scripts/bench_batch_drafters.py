@@ -65,7 +65,7 @@ def run(spec_type: str, a, shared: dict) -> tuple[float, int, float, collections
     wall = time.perf_counter() - t0
     steps = sum(s.stats.steps for s in seqs)
     tau = 1 + sum(s.stats.accepted_tokens for s in seqs) / max(1, steps)
-    parts["gated steps (count)"] = getattr(eng, "gated_steps", 0)
+    parts["gated steps (count)"] = eng.planner.gated_steps
     return wall, sum(len(s.output_ids) for s in seqs), tau, parts
 
 

@@ -76,9 +76,9 @@ def never_drafting_llm(spec_type: str = "ngram-simple"):
 
     llm = tiny_llm(spec_type, draft_max=3, **({"draft_seed": 0} if spec_type == "draft" else {}))
     eng = llm.engine
-    eng._calibrated = True
-    eng.costs.observe = lambda *a: None
-    eng.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
+    eng.planner.calibrated = True
+    eng.planner.costs.observe = lambda *a: None
+    eng.planner.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
     asked = []
     eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
     return llm, asked
@@ -176,7 +176,7 @@ def test_cost_model_interpolates_between_measured_sizes():
 
 
 def test_calibration_covers_every_short_draft_and_samples_long_ones():
-    from specdecode.engine.engine import calibration_points
+    from specdecode.engine.draft_plan import calibration_points
 
     assert calibration_points(4) == [1, 2, 3, 4]
     assert calibration_points(65) == list(range(1, 10)) + [12, 16, 24, 32, 48, 65]
@@ -206,7 +206,7 @@ def test_engine_calibrates_verify_costs_with_a_single_slot():
 
     llm = tiny_llm("ngram", max_num_seqs=1, draft_max=3)
     llm.generate([5, 6, 7, 5, 6, 7, 5, 6], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
-    assert {(1, t) for t in range(1, 5)} <= set(llm.engine.costs.v)
+    assert {(1, t) for t in range(1, 5)} <= set(llm.engine.planner.costs.v)
 
 
 def test_untried_deep_positions_inherit_the_first_positions_record():
@@ -425,10 +425,10 @@ def test_a_closed_gate_decodes_plainly_and_then_speculates_again():
     calls = []
     propose = eng.proposer.propose
     eng.proposer.propose = lambda seqs, ks: calls.append(len(eng.running[0].output_ids)) or propose(seqs, ks)
-    eng.gate._w[1] = _Window(pause=10)
+    eng.planner.gate._w[1] = _Window(pause=10)
     out = llm.generate(prompt, params)[0]
     assert out.token_ids == plain
-    assert eng.gated_steps == 10 and calls and min(calls) >= 10  # no proposal during the first ten steps
+    assert eng.planner.gated_steps == 10 and calls and min(calls) >= 10  # no proposal during the first ten steps
 
 
 def test_a_drafters_measured_prior_replaces_the_optimistic_one():

@@ -128,11 +128,11 @@ def test_chain_controller_picks_the_drafter_that_pays_and_falls_back_to_none(mon
     llm = tiny_llm("ngram-mod,draft", draft_seed=0, draft_p_min=0.0, max_num_seqs=1)
     eng = llm.engine
     assert isinstance(eng.proposer, ChainProposer)
-    eng.costs.observe(1, 1, 1.0)
+    eng.planner.costs.observe(1, 1, 1.0)
     for t in range(2, 12):
-        eng.costs.observe(1, t, 1.0 + 0.05 * (t - 1))  # cheap verification: drafting pays
-    monkeypatch.setattr(eng.costs, "observe", lambda *a: None)  # the script's costs, not the measured ones
-    eng._calibrated = True
+        eng.planner.costs.observe(1, t, 1.0 + 0.05 * (t - 1))  # cheap verification: drafting pays
+    monkeypatch.setattr(eng.planner.costs, "observe", lambda *a: None)  # the script's costs, not the measured ones
+    eng.planner.calibrated = True
     draft_model = type(eng.proposer.members[1])
     monkeypatch.setattr(draft_model, "draft_cost", lambda self, n=1: 0.05)
     params = SamplingParams(temperature=0, max_tokens=80, ignore_eos=True)
@@ -148,7 +148,7 @@ def test_chain_controller_picks_the_drafter_that_pays_and_falls_back_to_none(mon
     # drafting with the model now costs more than a target step, and verifying t tokens costs t steps
     # (no parallelism to exploit): nothing pays, plain decoding does best
     monkeypatch.setattr(draft_model, "draft_cost", lambda self, n=1: 1.5)
-    eng.costs.v = {(1, t): float(t) for t in range(1, 12)}
+    eng.planner.costs.v = {(1, t): float(t) for t in range(1, 12)}
     out = llm.generate(list(range(200, 230)), params)[0]
     by = out.stats["spec"]["by_drafter"]
     assert by.get("draft", {"steps": 0})["steps"] <= 3 and by.get("ngram-mod", {"steps": 0})["steps"] <= 3, by

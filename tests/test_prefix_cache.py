@@ -135,7 +135,7 @@ def test_calibration_slot_is_not_reused():
         eng.step()
         eng.abort(seq)
     assert len(eng.prefix_cache.cached) == 2
-    eng._calibrated = False  # calibrate again now that both free slots hold cached prefixes
+    eng.planner.calibrated = False  # calibrate again now that both free slots hold cached prefixes
     llm.generate([5, 6, 7], GREEDY)  # calibration overwrites a free slot; the request takes one
     out = llm.generate(c, GREEDY)[0].token_ids
     assert out == no_cache("ngram").generate(c, GREEDY)[0].token_ids

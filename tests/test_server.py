@@ -115,11 +115,11 @@ def test_models_health_metrics(server):
                  "specdecode:prefix_cache_hits_total", "specdecode:request_queue_time_seconds_bucket",
                  "specdecode:prompt_store_hits_total", "specdecode:prompt_store_bytes"):
         assert name in m.text
-    gated = server.engine.gated_steps
-    server.engine.gated_steps = gated + 5  # the gate's count reaches /metrics as it is
+    gated = server.engine.planner.gated_steps
+    server.engine.planner.gated_steps = gated + 5  # the gate's count reaches /metrics as it is
     m = httpx.get(f"{server.url}/metrics", headers=AUTH)
     assert f"specdecode:spec_decode_gated_steps_total {float(gated + 5)}" in m.text
-    server.engine.gated_steps = gated
+    server.engine.planner.gated_steps = gated
 
 
 def test_api_key(server):

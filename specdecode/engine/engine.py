@@ -26,10 +26,10 @@ from ..runtime.timer import Timer
 from ..sampling import RandomStream
 from ..sampling_params import SamplingParams
 from ..speculative import make_proposer
-from ..speculative.controller import AcceptanceEstimate, CostModel, best_rate, choose_batch_draft_length
-from ..speculative.gate import SpeculationGate
+from ..speculative.controller import AcceptanceEstimate
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
+from .draft_plan import DraftPlanner
 from .prefix_cache import PrefixCache
 from .prompt_store import PromptStore
 from .sequence import Sequence
@@ -54,13 +54,6 @@ def release_threads() -> None:
     nk = native_kernels()
     if nk is not None:
         nk.release_threads()
-
-
-def calibration_points(t_max: int) -> list[int]:
-    """Verify sizes measured before the first decision: every size up to 9 (the usual drafts), then
-    sparser up to t_max (long copies); CostModel interpolates between them."""
-    dense = list(range(1, min(t_max, 9) + 1))
-    return dense + [t for t in (12, 16, 24, 32, 48) if 9 < t < t_max] + ([t_max] if t_max > 9 else [])
 
 
 class Engine:
@@ -108,18 +101,14 @@ class Engine:
         store = PromptStore(cfg.prompt_cache_mib * 2**20) if cfg.prompt_cache_mib else None
         self.prefix_cache = PrefixCache(self.kv, store) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
-        self.costs = CostModel()
-        self.gate = SpeculationGate()
-        self.gated_steps = 0  # steps the gate made plain (speculation lost at their batch size)
-        self._gated: bool | None = None  # the gate's verdict on this step (None: it does not apply)
         self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
                              cfg.kv_cache_dtype, backend)
         self.proposer = make_proposer(cfg.spec, self.target, draft)
+        self.planner = DraftPlanner(cfg.spec, self.proposer, self.timer)
         # a model drafter's engine-wide record, each request's prior (controller.py; None: draftless)
         self.acceptance = None if self.proposer.draftless else AcceptanceEstimate(prior=self.proposer.prior_acceptance)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._calibrated = False
         release_threads()
 
     # -- requests --------------------------------------------------------------------------------
@@ -161,7 +150,7 @@ class Engine:
     def step(self) -> list[StepOutput]:
         """Admits waiting requests, advances prefills by one chunk, and runs one speculative step
         for every fully prefilled sequence. Returns the visible text each advanced sequence gained."""
-        self._maybe_calibrate()  # before admission: it needs a free slot
+        self.planner.calibrate(self.runner, self.kv, self.prefix_cache)  # before admission: it needs a free slot
         while self.waiting and self.kv.free_slots:
             seq = self.waiting.popleft()
             if self.prefix_cache is not None:
@@ -190,7 +179,7 @@ class Engine:
             before = [(s.stats.steps, s.num_tokens, self.kv.lengths[s.slot], len(s.text)) for s in ready]
             try:
                 t0 = self.timer.now()
-                self._gated = None
+                self.planner.gated = None
                 ks = self._draft_lengths(ready)
                 t1 = self.timer.now()
                 results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now,
@@ -202,13 +191,7 @@ class Engine:
             else:
                 for (seq, end), states in zip(chunks, timing.prefilled):
                     self._prefilled(seq, end, states)
-                if not chunks:  # a forward with prompt rows in it is no verify's cost, nor speculation's
-                    self.costs.observe(len(ready), timing.verify_rows, timing.verify_s)
-                if self._gated is False and not chunks:  # an open step: speculation against plain decoding
-                    self.gate.observe(len(ready), sum(1 + r.accepted for r in results),
-                                      t1 - t0 + timing.propose_s + timing.verify_s,
-                                      self.costs.verify_cost(len(ready), 1), sum(r.drafted for r in results))
-                self.gated_steps += bool(self._gated)
+                self.planner.observe(len(ready), results, timing, t1 - t0, bool(chunks))
                 for seq, k, r in zip(ready, ks, results):
                     self.proposer.observe(seq, k, r.drafted, r.accepted)
                     outputs.append(StepOutput(seq, r.delta))
@@ -288,58 +271,8 @@ class Engine:
             seq.t_prefill_done = self.timer.now()
 
     def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
-        """Each sequence's draft cap this step: one length for the batch (it shares one verify
-        forward, priced as if every sequence drafted that much), capped by each sequence's room
-        (max_tokens, context length) and the drafter's own cap (--draft-max for a model drafter, the
-        n-gram and suffix caps for draftless ones). Sets ``_gated``: whether the speculation gate closed
-        this step (None: the gate does not apply, as without a drafter or with --draft-fixed)."""
-        spec, prop = self.cfg.spec, self.proposer
-        rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, self.max_model_len - s.num_tokens - 1,
-                            prop.max_tokens)) for s in seqs]
-        if spec.spec_type == "none" or not any(rooms):
-            return [0] * len(seqs)
-        batch = len(seqs)
-
-        priced: dict[int, float] = {}  # the plan asks for the same few shapes many times
-
-        def verify(t: int) -> float:
-            if t not in priced:
-                priced[t] = self.costs.verify_cost(batch, t)
-            return priced[t]
-
-        def value(alphas, cost, depth, k_max, catch_up=0.0):
-            return best_rate(alphas, cost, verify, k_max, depth, catch_up)
-
-        if spec.draft_fixed:
-            prop.plan(seqs, rooms, value, fixed=True, verify=verify)
-            return rooms
-        if not self.gate.open(batch):  # plain this step: nothing is planned (a chain's choices reset)
-            prop.plan(seqs, [0] * batch, value, verify=verify)
-            self._gated = True
-            return [0] * batch
-        prop.plan(seqs, rooms, value, verify=verify)
-        alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]
-        k = choose_batch_draft_length(alphas, prop.draft_cost(batch), verify, max(rooms), spec.draft_min,
-                                      depth=prop.depth, catch_up=prop.catch_up_cost(seqs))
-        self._gated = False
-        return [min(k, r) for r in rooms]
-
-    def _maybe_calibrate(self) -> None:
-        """Measures the target's forward cost over t = 1..K+1 tokens once, on a scratch slot, so the
-        controller has a cost curve before its first decision (later steps refine it online)."""
-        if self._calibrated or self.cfg.spec.spec_type == "none" or self.cfg.spec.draft_fixed:
-            return
-        self._calibrated = True
-        if not self.kv.free_slots:
-            return
-        with self.kv.scratch_slot() as slot:
-            if self.prefix_cache is not None:
-                self.prefix_cache.invalidate(slot)  # overwritten below
-            self.runner.forward([slot], [[0] * 32], logits=False)
-            self.kv.set_length(slot, 32)
-            for t in calibration_points(min(self.proposer.max_tokens, self.cfg.spec.max_draft_tokens) + 1):
-                self.costs.observe(1, t, self.timer.best_of(  # row_exact: as spec_step verifies one sequence
-                    lambda: self.runner.forward([slot], [[0] * t], row_exact=True), reps=2))
+        """Each sequence's draft cap this step (DraftPlanner.lengths); tests script it here."""
+        return self.planner.lengths(seqs, self.max_model_len)
 
     def _retire(self) -> None:
         for seq in [s for s in self.running if s.finished]:

@@ -44,7 +44,7 @@ class _EngineCollector:
                                   value=self.worker.step_seconds)
         yield CounterMetricFamily(P + "spec_decode_gated_steps", "Decode steps run plainly because speculation "
                                   "lost to plain decoding at their batch size (the speculation gate)",
-                                  value=eng.gated_steps)
+                                  value=eng.planner.gated_steps)
         pc = eng.prefix_cache
         yield CounterMetricFamily(P + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
                                   value=pc.prompt_tokens if pc else 0)

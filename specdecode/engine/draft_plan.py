@@ -1,0 +1,98 @@
+"""Each step's draft lengths ("never slower"): the proposer's per-sequence plan valued against the
+target's measured cost curve, one length for the batch's verify forward, and the speculation gate.
+
+The engine asks ``lengths`` before a step and reports the step with ``observe`` after it; ``calibrate``
+measures the cost curve once, before the first decision. The rules themselves live in
+speculative/controller.py (acceptance estimates, CostModel, the batch's best length) and
+speculative/gate.py (plain steps where speculation lost at a batch size); this is their bookkeeping
+per engine."""
+from __future__ import annotations
+
+from ..config import SpecConfig
+from ..runtime.timer import Timer
+from ..speculative.controller import CostModel, best_rate, choose_batch_draft_length
+from ..speculative.gate import SpeculationGate
+from ..speculative.proposer import Proposer
+from .sequence import Sequence
+
+
+def calibration_points(t_max: int) -> list[int]:
+    """Verify sizes measured before the first decision: every size up to 9 (the usual drafts), then
+    sparser up to t_max (long copies); CostModel interpolates between them."""
+    dense = list(range(1, min(t_max, 9) + 1))
+    return dense + [t for t in (12, 16, 24, 32, 48) if 9 < t < t_max] + ([t_max] if t_max > 9 else [])
+
+
+class DraftPlanner:
+    def __init__(self, spec: SpecConfig, proposer: Proposer, timer: Timer):
+        self.spec, self.proposer, self.timer = spec, proposer, timer
+        self.costs = CostModel()  # v(batch, rows): calibrated once, then every verify forward's time
+        self.gate = SpeculationGate()
+        self.gated_steps = 0  # steps the gate made plain (speculation lost at their batch size)
+        self.gated: bool | None = None  # the gate's verdict on this step (None: it does not apply)
+        self.calibrated = False
+
+    def lengths(self, seqs: list[Sequence], max_model_len: int) -> list[int]:
+        """Each sequence's draft cap this step: one length for the batch (it shares one verify
+        forward, priced as if every sequence drafted that much), capped by each sequence's room
+        (max_tokens, context length) and the drafter's own cap (--draft-max for a model drafter, the
+        n-gram and suffix caps for draftless ones). Sets ``gated``: whether the speculation gate closed
+        this step (None: the gate does not apply, as without a drafter or with --draft-fixed)."""
+        spec, prop = self.spec, self.proposer
+        rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, max_model_len - s.num_tokens - 1,
+                            prop.max_tokens)) for s in seqs]
+        if spec.spec_type == "none" or not any(rooms):
+            return [0] * len(seqs)
+        batch = len(seqs)
+
+        priced: dict[int, float] = {}  # the plan asks for the same few shapes many times
+
+        def verify(t: int) -> float:
+            if t not in priced:
+                priced[t] = self.costs.verify_cost(batch, t)
+            return priced[t]
+
+        def value(alphas, cost, depth, k_max, catch_up=0.0):
+            return best_rate(alphas, cost, verify, k_max, depth, catch_up)
+
+        if spec.draft_fixed:
+            prop.plan(seqs, rooms, value, fixed=True, verify=verify)
+            return rooms
+        if not self.gate.open(batch):  # plain this step: nothing is planned (a chain's choices reset)
+            prop.plan(seqs, [0] * batch, value, verify=verify)
+            self.gated = True
+            return [0] * batch
+        prop.plan(seqs, rooms, value, verify=verify)
+        alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]
+        k = choose_batch_draft_length(alphas, prop.draft_cost(batch), verify, max(rooms), spec.draft_min,
+                                      depth=prop.depth, catch_up=prop.catch_up_cost(seqs))
+        self.gated = False
+        return [min(k, r) for r in rooms]
+
+    def observe(self, batch: int, results: list, timing, plan_s: float, merged: bool) -> None:
+        """A step of ``batch`` decoding sequences ran (results: their SeqResults; timing: its StepTiming;
+        plan_s: the time ``lengths`` took). A forward that carried prompt rows (``merged``) is no
+        verify's cost, nor speculation's against plain decoding."""
+        if not merged:
+            self.costs.observe(batch, timing.verify_rows, timing.verify_s)
+        if self.gated is False and not merged:  # an open step: speculation against plain decoding
+            self.gate.observe(batch, sum(1 + r.accepted for r in results), plan_s + timing.propose_s + timing.verify_s,
+                              self.costs.verify_cost(batch, 1), sum(r.drafted for r in results))
+        self.gated_steps += bool(self.gated)
+
+    def calibrate(self, runner, kv, prefix_cache) -> None:
+        """Measures the target's forward cost over t = 1..K+1 tokens once, on a scratch slot, so the
+        controller has a cost curve before its first decision (later steps refine it online)."""
+        if self.calibrated or self.spec.spec_type == "none" or self.spec.draft_fixed:
+            return
+        self.calibrated = True
+        if not kv.free_slots:
+            return
+        with kv.scratch_slot() as slot:
+            if prefix_cache is not None:
+                prefix_cache.invalidate(slot)  # overwritten below
+            runner.forward([slot], [[0] * 32], logits=False)
+            kv.set_length(slot, 32)
+            for t in calibration_points(min(self.proposer.max_tokens, self.spec.max_draft_tokens) + 1):
+                self.costs.observe(1, t, self.timer.best_of(  # row_exact: as spec_step verifies one sequence
+                    lambda: runner.forward([slot], [[0] * t], row_exact=True), reps=2))
