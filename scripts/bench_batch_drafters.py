@@ -3,7 +3,7 @@ greedy, one fresh engine per spec type (nothing cached: the warm-up request's pr
 --warm-requests, other prompts are served first, as by a server that has been running), all requests added
 at once as a concurrency-8 server level would run them. Prints the wall time, output
 tok/s, tau, and the seconds spent in each proposer method (per chain member), the controller and the
-target's forwards. Spec types run in turns over --rounds, so drift hits them alike.
+target's forwards (a prompt's forward of its own, apart from the steps' forwards, with their rows). Spec types run in turns over --rounds, so drift hits them alike.
 
     python scripts/bench_batch_drafters.py --spec-types none,auto,ngram-mod,eagle3 --rounds 2
 """
@@ -56,7 +56,17 @@ def run(spec_type: str, a, shared: dict) -> tuple[float, int, float, collections
         for name in ("prefill", "propose", "commit", "release"):
             timed(m, name, f"{m.name}.{name}", parts)
     timed(eng, "_draft_lengths", "controller", parts)
-    timed(eng.runner, "forward", "target forwards", parts)
+    forward = eng.runner.forward
+
+    def split(slots, tokens, *args, **kw):  # a prompt's forward of its own (no logits) or a step's
+        kind = "prompt forwards" if kw.get("logits", True) is False else "step forwards"
+        t0 = time.perf_counter()
+        try:
+            return forward(slots, tokens, *args, **kw)
+        finally:
+            parts[kind] += time.perf_counter() - t0
+            parts[kind.replace("forwards", "rows (count)")] += sum(map(len, tokens))
+    eng.runner.forward = split
     params = SamplingParams(max_tokens=a.max_tokens, temperature=0)
     seqs = [eng.add_request(i, params) for i in ids]
     t0 = time.perf_counter()
@@ -91,7 +101,7 @@ def main() -> int:
             wall, tokens, tau, parts = run(t, a, shared)
             walls[t].append(wall)
             print(f"round {r + 1} {t}: {wall:.2f} s, {tokens / wall:.1f} tok/s, tau {tau:.2f}; " +
-                  ", ".join(f"{k} {v:.2f} s" for k, v in parts.most_common() if v >= 0.005), flush=True)
+                  ", ".join(f"{k} {v:.0f}" if "(count)" in k else f"{k} {v:.2f} s" for k, v in parts.most_common() if v >= 0.005), flush=True)
     base = statistics.median(walls[types[0]])
     for t in types:
         print(f"{t}: median {statistics.median(walls[t]):.2f} s ({min(walls[t]):.2f}-{max(walls[t]):.2f}), "
