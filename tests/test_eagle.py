@@ -865,3 +865,37 @@ def test_a_prompt_prefilled_in_small_chunks_stays_greedy(plain, monkeypatch, max
     assert [s.finish_reason for s in seqs] == ["length"] * 3
     assert [s.output_ids for s in seqs] == [plain[True][i] for i in (2, 0, 1)]
     assert (sum(s.stats.accepted_tokens for s in seqs) > 0) == drafting
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_head_fuses_qkv_and_gate_up_with_the_same_bits(fmt):
+    """quantize packs q/k/v and gate/up into one layer each (fewer calls per drafting step); scaled
+    per output row (int4: per group of a row), every output must keep the bits the separate layers give."""
+    import copy
+
+    from torch import nn
+
+    from specdecode.layers.quant import Int8Linear
+    from specdecode.layers.quant.int4 import Int4Linear
+
+    m = target().float()
+    head = random_head(m, attention_bias=True).float()
+    ref = copy.deepcopy(head)
+    for module in (ref, ref.midlayer.self_attn, ref.midlayer.mlp):  # each projection alone
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                bias = None if child.bias is None else child.bias.float()
+                w = child.weight.float()
+                int4 = fmt == "int4" and w.shape[0] % 16 == 0  # the draft LM head's 200 rows stay int8
+                setattr(module, name, Int4Linear.from_float(w, bias, group_size=32) if int4 else
+                        Int8Linear.from_float(w, bias))
+    head.quantize(fmt)
+    a = head.midlayer.self_attn
+    assert a.qkv_proj is not None and head.midlayer.mlp.gate_up_proj is not None and not hasattr(a, "q_proj")
+    head.bind(m)
+    ref.bind(m)
+    feats = torch.randn(7, head.feature_size)
+    ids = torch.randint(0, m.cfg.vocab_size, (7,))
+    for x, y in zip(head.forward_reference(feats, ids, steps=3), ref.forward_reference(feats, ids, steps=3)):
+        assert torch.equal(x, y)

@@ -65,6 +65,12 @@ class _Attn(nn.Module):
         self.k_proj = nn.Linear(in_features, kv * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(in_features, kv * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        self.qkv_proj: nn.Module | None = None  # q, k, v rows in one layer (EagleHead.quantize)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return self.qkv_proj(x).split(self.sizes, dim=-1)
 
 
 class _MLP(nn.Module):
@@ -73,9 +79,13 @@ class _MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # gate, up rows in one layer (EagleHead.quantize)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is None:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class _MidLayer(nn.Module):
@@ -122,17 +132,41 @@ class EagleHead(nn.Module):
     def device(self) -> torch.device:
         return self.midlayer.post_attention_layernorm.weight.device
 
-    def quantize_int8(self) -> "EagleHead":
-        """Weight-only int8 projections, in place (CPU: decode GEMVs are memory-bound, and the draft LM
-        head's float32 GEMV costs ~7x the int8 kernel). Drafts only get cheaper; verification keeps the
-        output exact."""
+    def quantize(self, fmt: str = "int8") -> "EagleHead":
+        """Weight-only quantized projections, in place, for CPU drafting: ``int8`` (one scale per output
+        row) or ``int4`` (groups of 32, the target's int4 format, where a matrix's shape allows it; int8
+        otherwise). Drafting steps are memory-bound: a 1.5B's head streams ~30 MB of int8 weights per
+        tree level (its weights do not stay cached beside the target's), and int4 halves that. Drafts only get cheaper or
+        slightly different; verification keeps the output exact. q / k / v and gate / up become one
+        layer each (``qkv_proj``, ``gate_up_proj``, as in the target): a drafting step runs after the
+        target's weights have streamed through every cache, where each call costs ~0.1 ms of cold
+        Python and setup besides its weights; both formats scale each output row (int4: each group of
+        a row) on its own, so every output keeps the bits the separate layers give."""
         from ..layers.quant import Int8Linear
+        from ..layers.quant.int4 import GROUP, Int4Linear
 
-        for module in (self, self.midlayer, self.midlayer.self_attn, self.midlayer.mlp):
+        if fmt not in ("int8", "int4"):
+            raise ValueError(f"unknown head format {fmt!r} (int8, int4)")
+
+        def quantized(*linears: nn.Linear):
+            w = torch.cat([m.weight.detach().float() for m in linears])
+            bias = None if linears[0].bias is None else torch.cat([m.bias.detach().float() for m in linears])
+            if fmt == "int4" and w.shape[1] % GROUP == 0 and w.shape[0] % 16 == 0:
+                return Int4Linear.from_float(w, bias, group_size=GROUP)
+            return Int8Linear.from_float(w, bias)
+
+        a, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        if a.qkv_proj is None:
+            a.sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
+            a.qkv_proj = quantized(a.q_proj, a.k_proj, a.v_proj)
+            del a.q_proj, a.k_proj, a.v_proj
+        if mlp.gate_up_proj is None:
+            mlp.gate_up_proj = quantized(mlp.gate_proj, mlp.up_proj)
+            del mlp.gate_proj, mlp.up_proj
+        for module in (self, a, mlp):
             for name, child in list(module.named_children()):
                 if isinstance(child, nn.Linear):
-                    bias = None if child.bias is None else child.bias.detach().float()
-                    setattr(module, name, Int8Linear.from_float(child.weight.detach().float(), bias))
+                    setattr(module, name, quantized(child))
         return self
 
     @property
@@ -170,10 +204,10 @@ class EagleHead(nn.Module):
             x = residual = self.fc(torch.cat([embeds, hidden], dim=-1))
         B, T, _ = x.shape
         cos, sin = self.rotary(positions, x.dtype)
-        a = m.self_attn
-        q = apply_rotary(a.q_proj(x).view(B, T, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-        k = apply_rotary(a.k_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
-        v = a.v_proj(x).view(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        q, k, v = m.self_attn.qkv(x)
+        q = apply_rotary(q.reshape(B, T, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
+        k = apply_rotary(k.reshape(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2), cos, sin)
+        v = v.reshape(B, T, c.num_kv_heads, c.head_dim).transpose(1, 2)
         return q, k, v, residual
 
     def finish(self, o: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
