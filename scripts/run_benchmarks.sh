@@ -746,3 +746,56 @@ for cat in ("roleplay", "writing"):
     print(cat, o.stats["spec"]["by_drafter"].get("eagle3"))
 PY
 done
+
+# Round 30 (AMD EPYC family 25 model 17, Zen 4: AVX512-VNNI, no AVX-VNNI): a plain step's parts and the Python's
+# cold caches; accept on host lists; the EAGLE head in int4; the runtime curve; what this host allows.
+# "Before" is 65a6489 (round 29's last commit) in a worktree, with this round's new scripts copied into it; the
+# rest ran at 2372f89, the int4 head's runs with that change on top (its commit).
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+git worktree add /tmp/wt_base 65a6489
+cp scripts/bench_step_parts.py scripts/bench_interleaved.py /tmp/wt_base/scripts/
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && /tmp/dpbusd_peak
+taskset -c 0 /tmp/dpbusd_peak & taskset -c 1 /tmp/dpbusd_peak; wait
+for i in 1 2; do  # at 21c9f95 (greedy_paths; the head still int8) against 65a6489, in turns
+  python scripts/bench_step_parts.py --reps 3; python /tmp/wt_base/scripts/bench_step_parts.py --reps 3
+done
+python scripts/ab_accept_greedy.py
+# the weights prefetched non-temporally: quant_gemm.c with its prefetch hints as macros (PF_FAR_HINT, PF_NEAR_HINT,
+# defaulting to _MM_HINT_T2 / _MM_HINT_T0) in a worktree /tmp/wt_nta; each variant twice, in turns
+for i in 1 2; do for f in "" "-DPF_FAR_HINT=_MM_HINT_NTA" "-DPF_FAR_HINT=_MM_HINT_NTA -DPF_NEAR_HINT=_MM_HINT_NTA"; do
+  SPECDECODE_NATIVE_FLAGS="$f" python /tmp/wt_nta/scripts/bench_step_parts.py --reps 3
+done; done
+python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --prompts $P
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 1 --max-tokens 128 --prompts $P --json-out out/r30_greedy.json
+python scripts/spec_bench_categories.py out/r30_greedy.json
+for f in "" -mno-avx512f; do for i in 1 2; do
+  SPECDECODE_NATIVE_FLAGS="$f" python scripts/bench_runtime.py --quant auto --threads 2 --reps 3 --decode-tokens 64
+done; done
+# the head in int4: in one process, and before / after in turns (--draft-fixed --draft-max 3, the coding prompt)
+python scripts/ab_head_format.py --categories coding,writing,roleplay --limit 2 --prompts $P
+for i in 1 2 3 4 5; do for tree in /tmp/wt_base $PWD; do python - "$tree" <<'PY'
+import statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+from specdecode import LLM, SamplingParams
+from specdecode.bench.prompts import DEFAULT_PROMPTS, load_prompts
+p = load_prompts(DEFAULT_PROMPTS, ["coding"], limit=1)[0]
+llm = LLM("qwen2.5-coder-1.5b-instruct", spec_type="eagle3", threads=2, max_num_seqs=1, draft_fixed=True, draft_max=3)
+prop, ts = llm.engine.proposer, []
+f = prop.propose
+def g(*a, **k):
+    t0 = time.perf_counter(); r = f(*a, **k); ts.append(time.perf_counter() - t0); return r
+prop.propose = g
+s = llm.engine.add_request(llm.encode_chat([{"role": "user", "content": p.text}]),
+                           SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))
+while not s.finished: llm.engine.step()
+print(sys.argv[1], f"proposal {statistics.median(ts[2:]) * 1e3:.2f} ms, tau {s.stats.mean_acceptance_length:.2f}")
+PY
+done; done
+for tree in $PWD /tmp/wt_base; do python $tree/scripts/bench_interleaved.py --categories coding,roleplay,writing --reps 2 --prompts $P; done
+# (after the int4 head) Spec-Bench, the coding category and the AVX2 body's roleplay, now and before in turns
+for tree in $PWD /tmp/wt_base; do (cd $tree && python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 2 \
+  --max-tokens 128 --prompts $P --json-out out/r30_sb2_$(basename $tree).json); done
+for order in "$PWD /tmp/wt_base" "/tmp/wt_base $PWD"; do for tree in $order; do (cd $tree && python -m specdecode.cli bench \
+  -t 2 --spec-types none,auto --category coding --limit 5 --max-tokens 128 --prompts $P); done; done
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,qa --reps 3 --prompts $P
+git worktree remove --force /tmp/wt_base
