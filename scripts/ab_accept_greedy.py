@@ -8,20 +8,20 @@ paths and tokens.
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from specdecode.engine.spec_step import accept_trees  # noqa: E402
 from specdecode.sampling import argmax_rows  # noqa: E402
 from specdecode.sampling_params import SamplingParams  # noqa: E402
 from specdecode.speculative.tree import DraftTree  # noqa: E402
 from specdecode.speculative.verify import greedy_walk  # noqa: E402
+from bench_step_parts import median_us  # noqa: E402
 
 
 def tensor_walk(trees: list[DraftTree], logits: torch.Tensor, seqs) -> tuple[list[list[int]], list[int]]:
@@ -46,17 +46,6 @@ class _Seq:  # what accept_trees reads of a sequence on the greedy path
     params = SamplingParams(temperature=0)
 
 
-def median_ms(fn, before=None, reps: int = 40) -> float:
-    times = []
-    for _ in range(reps):
-        if before is not None:
-            before()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def main() -> int:
     torch.set_num_threads(2)
     stream = torch.ones(64 << 20)  # 256 MiB
@@ -65,7 +54,7 @@ def main() -> int:
         logits = torch.randn(B * (k + 1), 151936)
         seqs = [_Seq() for _ in range(B)]
         assert tensor_walk(trees, logits, seqs) == accept_trees(trees, logits, seqs)
-        ms = [median_ms(lambda: f(trees, logits, seqs), before) for f in (tensor_walk, accept_trees)
+        ms = [median_us(lambda: f(trees, logits, seqs), before, reps=40) / 1e3 for f in (tensor_walk, accept_trees)
               for before in (None, stream.sum)]
         print(f"B={B} k={k}: before {ms[0]:.3f} / {ms[1]:.3f} ms (warm / after the stream), "
               f"now {ms[2]:.3f} / {ms[3]:.3f} ms")

@@ -1,9 +1,10 @@
 """Where a drafter's time goes in a full batch: Spec-Bench's first prompts (16 by default) on 8 slots,
 greedy, one fresh engine per spec type (nothing cached: the warm-up request's prompt is forgotten; with
 --warm-requests, other prompts are served first, as by a server that has been running), all requests added
-at once as a concurrency-8 server level would run them. Prints the wall time, output
-tok/s, tau, and the seconds spent in each proposer method (per chain member), the controller and the
-target's forwards (a prompt's forward of its own, apart from the steps' forwards, with their rows). Spec types run in turns over --rounds, so drift hits them alike.
+at once as a concurrency-8 server level would run them. Prints the wall time, output tok/s, tau, and the
+seconds spent in each proposer method (per chain member), the controller and the target's forwards (a
+prompt's forward of its own apart from the steps' forwards, with their rows). Spec types run in turns over
+--rounds, so drift hits them alike.
 
     python scripts/bench_batch_drafters.py --spec-types none,auto,ngram-mod,eagle3 --rounds 2
 """
@@ -101,7 +102,8 @@ def main() -> int:
             wall, tokens, tau, parts = run(t, a, shared)
             walls[t].append(wall)
             print(f"round {r + 1} {t}: {wall:.2f} s, {tokens / wall:.1f} tok/s, tau {tau:.2f}; " +
-                  ", ".join(f"{k} {v:.0f}" if "(count)" in k else f"{k} {v:.2f} s" for k, v in parts.most_common() if v >= 0.005), flush=True)
+                  ", ".join(f"{k} {v:.0f}" if "(count)" in k else f"{k} {v:.2f} s"
+                            for k, v in parts.most_common() if v >= 0.005), flush=True)
     base = statistics.median(walls[types[0]])
     for t in types:
         print(f"{t}: median {statistics.median(walls[t]):.2f} s ({min(walls[t]):.2f}-{max(walls[t]):.2f}), "

@@ -89,7 +89,8 @@ def main() -> int:
     x = torch.randn(1, 1, norm.weight.shape[0])
     stream = big[:64 << 20]  # 256 MiB
     with torch.inference_mode():
-        for label, fn in (("final RMSNorm, one row", lambda: norm(x)), ("torch.empty_like, one row", lambda: torch.empty_like(x))):
+        for label, fn in (("final RMSNorm, one row", lambda: norm(x)),
+                          ("torch.empty_like, one row", lambda: torch.empty_like(x))):
             warm = median_us(fn)
             cold = median_us(fn, before=stream.sum)
             print(f"{label}: warm {warm:.1f} us, after a 256 MiB stream {cold:.1f} us ({cold / warm:.0f}x)")

@@ -136,12 +136,12 @@ class EagleHead(nn.Module):
         """Weight-only quantized projections, in place, for CPU drafting: ``int8`` (one scale per output
         row) or ``int4`` (groups of 32, the target's int4 format, where a matrix's shape allows it; int8
         otherwise). Drafting steps are memory-bound: a 1.5B's head streams ~30 MB of int8 weights per
-        tree level (its weights do not stay cached beside the target's), and int4 halves that. Drafts only get cheaper or
-        slightly different; verification keeps the output exact. q / k / v and gate / up become one
-        layer each (``qkv_proj``, ``gate_up_proj``, as in the target): a drafting step runs after the
-        target's weights have streamed through every cache, where each call costs ~0.1 ms of cold
-        Python and setup besides its weights; both formats scale each output row (int4: each group of
-        a row) on its own, so every output keeps the bits the separate layers give."""
+        tree level (its weights do not stay cached beside the target's), and int4 halves that. Drafts
+        only get cheaper or slightly different; verification keeps the output exact. q / k / v and
+        gate / up become one layer each (``qkv_proj``, ``gate_up_proj``, as in the target): a drafting
+        step runs after the target's weights have streamed through every cache, where each call costs
+        ~0.1 ms of cold Python and setup besides its weights; both formats scale each output row (int4:
+        each group of a row) on its own, so every output keeps the bits the separate layers give."""
         from ..layers.quant import Int8Linear
         from ..layers.quant.int4 import GROUP, Int4Linear
 

@@ -164,7 +164,8 @@ def greedy_walk(tokens: torch.Tensor, parents: torch.Tensor, best: torch.Tensor
     return cur, best[rows, cur + 1], accepted
 
 
-def greedy_paths(tokens: list[list[int]], parents: list[list[int]], best: list[int]) -> tuple[list[list[int]], list[int]]:
+def greedy_paths(tokens: list[list[int]], parents: list[list[int]], best: list[int]
+                 ) -> tuple[list[list[int]], list[int]]:
     """greedy_walk's rule on host lists, for a batch whose verify rows are packed: tree b's nodes
     tokens[b], parents[b] (parents precede children), and best, the target's argmax of every row,
     tree b's len(tokens[b]) + 1 rows (the root's, then node i's at 1 + i) after tree b - 1's. Returns
