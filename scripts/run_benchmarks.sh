@@ -798,4 +798,6 @@ for tree in $PWD /tmp/wt_base; do (cd $tree && python -m specdecode.cli bench -t
 for order in "$PWD /tmp/wt_base" "/tmp/wt_base $PWD"; do for tree in $order; do (cd $tree && python -m specdecode.cli bench \
   -t 2 --spec-types none,auto --category coding --limit 5 --max-tokens 128 --prompts $P); done; done
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categories roleplay,qa --reps 3 --prompts $P
+for tree in $PWD /tmp/wt_base $PWD; do (cd $tree && python -m specdecode.cli bench-serve -t 2 --spec-types none,auto \
+  --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P); done
 git worktree remove --force /tmp/wt_base
