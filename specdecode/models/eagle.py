@@ -66,6 +66,7 @@ class _Attn(nn.Module):
         self.v_proj = nn.Linear(in_features, kv * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
         self.qkv_proj: nn.Module | None = None  # q, k, v rows in one layer (EagleHead.quantize)
+        self.sizes = [h * d, kv * d, kv * d]  # qkv_proj's output split into q, k, v
 
     def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if self.qkv_proj is None:
@@ -157,7 +158,6 @@ class EagleHead(nn.Module):
 
         a, mlp = self.midlayer.self_attn, self.midlayer.mlp
         if a.qkv_proj is None:
-            a.sizes = [a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features]
             a.qkv_proj = quantized(a.q_proj, a.k_proj, a.v_proj)
             del a.q_proj, a.k_proj, a.v_proj
         if mlp.gate_up_proj is None:
