@@ -1,5 +1,5 @@
-"""Decode step of a draft model over the target's, both loaded in one process and timed in turns
-(so that a drift of the machine's memory bandwidth hits both alike).
+"""Decode step of a draft model over the target's, both loaded in one process and stepped in turns,
+one step each (so that a drift of the machine's memory bandwidth hits both alike).
 
     python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
 
@@ -11,6 +11,7 @@ their ratio, then the median and range of the ratios over rounds."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -18,18 +19,27 @@ import time
 import torch
 
 
-def step_ms(runner, kv, last_logits, steps: int) -> float:
-    """Median ms of ``last_logits(slots, feed, positions)`` for one token after 256 of context."""
-    with kv.scratch_slot() as slot:
-        runner.forward([slot], [list(range(100, 356))], logits=False)
-        kv.set_length(slot, 256)
-        times = []
+def steps_ms(models, steps: int) -> list[float]:
+    """Median ms of each model's ``last_logits(slots, feed, positions)`` for one token after 256 of
+    context; models: (runner, kv, last_logits) each. The models step in turns, one step each, the
+    order flipped every step, so that the host's drift hits all alike."""
+    with contextlib.ExitStack() as stack:
+        slots = []
+        for runner, kv, _ in models:
+            slot = stack.enter_context(kv.scratch_slot())
+            runner.forward([slot], [list(range(100, 356))], logits=False)
+            kv.set_length(slot, 256)
+            slots.append(slot)
+        times = [[] for _ in models]
+        order = list(range(len(models)))
         for _ in range(steps):
-            t0 = time.perf_counter()
-            logits = last_logits([slot], [[5]], None)
-            int(logits[0].argmax())
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+            order.reverse()
+            for i in order:
+                t0 = time.perf_counter()
+                logits = models[i][2]([slots[i]], [[5]], None)
+                int(logits[0].argmax())
+                times[i].append(time.perf_counter() - t0)
+    return [statistics.median(t) * 1e3 for t in times]
 
 
 def target_logits(runner):
@@ -54,11 +64,10 @@ def main():
     prop = eng.proposer
     print(json.dumps({"draft_vocab": a.draft_vocab, "draft_lm_head_rows": None if prop.vocab is None else len(prop.vocab)}))
     timed = [(eng.runner, eng.kv, target_logits(eng.runner)), (prop.runner, prop.kv, prop._last_logits)]
-    for t in timed:
-        step_ms(*t, 4)  # warm-up
+    steps_ms(timed, 4)  # warm-up
     ratios = []
     for r in range(a.rounds):
-        t, d = (step_ms(*x, a.steps) for x in timed)
+        t, d = steps_ms(timed, a.steps)
         ratios.append(d / t)
         print(json.dumps({"round": r, "target_ms": round(t, 2), "draft_ms": round(d, 2), "ratio": round(d / t, 3)}))
     print(json.dumps({"ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),

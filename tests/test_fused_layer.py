@@ -34,11 +34,14 @@ def _script(runner):
 
     def fwd(*args, **kw):
         logits, hidden, captured = runner.forward(*args, **kw)
-        out.extend([logits, hidden, *[captured[i] for i in sorted(captured)]])
+        out.extend([t for t in (logits, hidden, *[captured[i] for i in sorted(captured)]) if t is not None])
 
     fwd([a], [prompt], capture_layers=(0, 2))  # prefill, with captured hidden states (EAGLE's taps)
     kv.set_length(a, len(prompt))
-    fwd([a], [[5]], last_only=True)  # decode
+    fwd([a], [[5]], last_only=True)  # decode (the one-token path)
+    fwd([a], [[6]], packed_logits=True)  # a plain verify
+    fwd([a], [[7]], [[len(prompt) + 9]])  # a position past the cache length (a draft model after a skip)
+    fwd([a], [[8]], logits=False)
     fwd([a], [[5, 6, 7, 8, 9]], row_exact=True)  # verify a chain
     kv.set_length(a, len(prompt) + 3)
     L = kv.lengths[a]
@@ -49,22 +52,26 @@ def _script(runner):
 
 def _both_paths(model, cache_dtype):
     calls = []
-    real = llama_native._Batch.layers
+    real, real_one = llama_native._Batch.layers, llama_native._OneToken.run
 
     def counting(self, first, stop, x):
         calls.extend(range(first, stop))
         return real(self, first, stop, x)
 
-    llama_native._Batch.layers = counting
+    def counting_one(self, model, *args):
+        calls.extend(range(len(self.ops)))
+        return real_one(self, model, *args)
+
+    llama_native._Batch.layers, llama_native._OneToken.run = counting, counting_one
     try:
         fused = _script(_runner(model, cache_dtype))
     finally:
-        llama_native._Batch.layers = real
-    model._native.begin = lambda *a, **k: None  # the module path
+        llama_native._Batch.layers, llama_native._OneToken.run = real, real_one
+    model._native.begin = model._native.one_token = lambda *a, **k: None  # the module path
     try:
         modules = _script(_runner(model, cache_dtype))
     finally:
-        del model._native.begin
+        del model._native.begin, model._native.one_token
     return fused, modules, calls
 
 
@@ -73,7 +80,7 @@ def _both_paths(model, cache_dtype):
 def test_fused_layers_give_the_bits_of_the_module_path(arch, quant, cache_dtype):
     model = quantized(hf_model(arch), quant)
     fused, modules, calls = _both_paths(model, cache_dtype)
-    assert len(calls) == 5 * model.cfg.num_layers  # every forward of the script ran fused
+    assert len(calls) == 8 * model.cfg.num_layers  # every forward of the script ran fused
     assert len(fused) == len(modules)
     for i, (f, m) in enumerate(zip(fused, modules)):
         assert torch.equal(f, m), i
@@ -92,6 +99,56 @@ def test_avx2_body_gives_the_bits_of_its_module_path(monkeypatch):
     finally:
         monkeypatch.delenv("SPECDECODE_NATIVE_FLAGS")
         native_kernels.cache_clear()
+
+
+def test_one_token_forwards_give_the_bits_of_the_batched_path():
+    """A decode step's lean path (NativeForward.one_token) against the same forwards through begin's:
+    every logits shape, captured layers, positions given, two slots in turns, and a context that
+    outgrows the rotary tables' first 256 rows."""
+    model = quantized(hf_model("qwen2"), "int4")
+    out = {}
+    for lean in (True, False):
+        if not lean:
+            model._native.one_token = lambda *a, **k: None
+        try:
+            runner = _runner(model, torch.bfloat16)
+            runner.kv.max_len = runner.kv.k.shape[3]
+            kv, got = runner.kv, []
+            a, b = kv.allocate(), kv.allocate()
+            for slot in (a, b):
+                runner.forward([slot], [list(range(3, 60 + slot))], logits=False)
+                kv.set_length(slot, 60 + slot - 3)
+            for i in range(30):
+                slot = (a, b)[i % 2]
+                kw = [dict(last_only=True), dict(packed_logits=True), dict(), dict(logits=False)][i % 4]
+                pos = [[kv.lengths[slot] + 250]] if i % 3 == 0 else None  # past 256: the tables grow
+                capture = [(), (0,), (model.cfg.num_layers - 1, 0)][i % 3]  # taps; the last one: pre-norm
+                logits, hidden, captured = runner.forward([slot], [[(7 * i) % 97]], pos, capture_layers=capture, **kw)
+                assert sorted(captured) == sorted(capture)
+                got += [hidden, *[captured[j] for j in sorted(captured)]] + ([] if logits is None else [logits])
+                kv.set_length(slot, kv.lengths[slot] + 1)
+            out[lean] = got
+        finally:
+            model._native.__dict__.pop("one_token", None)
+    assert len(out[True]) == len(out[False])
+    for i, (x, y) in enumerate(zip(out[True], out[False])):
+        assert x.shape == y.shape and torch.equal(x, y), i
+
+
+def test_file_embedding_row_is_forwards_row():
+    from specdecode.layers.embedding import FileEmbedding
+
+    table = torch.randn(50, 16)
+    reads = []
+
+    def read_rows(ids):
+        reads.append(list(ids))
+        return table[torch.as_tensor(ids)].clone()
+    emb = FileEmbedding(50, 16, read_rows, cache_bytes=3 * 16 * 4)  # three rows cached
+    for t in (4, 4, 9, 4, 11, 12, 9, 30):
+        assert torch.equal(emb.row(t), table[t])
+        assert torch.equal(emb(torch.tensor([[t]]))[0, 0], table[t])
+    assert len(emb._cache) == 3 and reads.count([4]) == 1  # hits move to the end; the oldest go
 
 
 def test_runs_only_where_it_gives_the_same_bits():

@@ -83,9 +83,25 @@ class FileEmbedding(nn.Module):
                 cache[i] = fresh[i].clone()
             else:
                 cache.move_to_end(i)
-        while len(cache) > self._cache_rows:
-            cache.popitem(last=False)
+        self._evict()
         return rows[inverse].to(ids.device, self.out_dtype)
+
+    def row(self, token: int) -> torch.Tensor:
+        """float32 [dim]: token's row as forward looks it up, without a batch's unique / stack / index
+        (a decode step's one lookup). The caller must not write to it (it may be the cached row)."""
+        cache = self._cache
+        r = cache.get(token)
+        if r is None:
+            r = self._read_rows(np.asarray([token], dtype=np.int64))[0]
+            cache[token] = r.clone()
+            self._evict()
+        else:
+            cache.move_to_end(token)
+        return r
+
+    def _evict(self) -> None:
+        while len(self._cache) > self._cache_rows:
+            self._cache.popitem(last=False)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.dim}, rows read from the model file"

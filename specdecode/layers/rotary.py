@@ -91,11 +91,14 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, 1, T, D] (broadcast over heads)."""
-        need = int(positions.max()) + 1
-        if self._cos is None or self._cos.shape[0] < need or self._cos.dtype != dtype \
-                or self._cos.device != positions.device:
-            self._grow(need, dtype, positions.device)
-        return self._cos[positions].unsqueeze(1), self._sin[positions].unsqueeze(1)
+        cos, sin = self.tables(int(positions.max()) + 1, dtype, positions.device)
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    def tables(self, n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [>= n, D], contiguous: row p is what forward gives position p."""
+        if self._cos is None or self._cos.shape[0] < n or self._cos.dtype != dtype or self._cos.device != device:
+            self._grow(n, dtype, device)
+        return self._cos, self._sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

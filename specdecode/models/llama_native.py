@@ -57,6 +57,7 @@ class NativeForward:
         self._key = None
         self._structs = None  # ctypes array: the address of each layer's sd_layer
         self._caches = (None, None, None)  # (key, kc, vc): each layer's cache addresses in one KV cache
+        self._one: _OneToken | None = None  # one_token's operands, kept between forwards
 
     def _operands(self) -> list[LayerOperands] | None:
         layers = self.model.layers
@@ -90,7 +91,7 @@ class NativeForward:
         cfg = self.model.cfg
         if (not isinstance(ctx.backend, NativeCPUBackend) or x.dtype != torch.float32
                 or cfg.hidden_size % 8 or cfg.intermediate_size % 8 or cfg.head_dim % 2
-                or not NativeCPUBackend.runs(ctx, x.device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
+                or not NativeCPUBackend.runs(ctx.kv, x.device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
                 or (torch.is_grad_enabled() and x.requires_grad)):
             return None
         ops = self._operands()
@@ -98,6 +99,25 @@ class NativeForward:
             return None
         ctx.packed = True
         return _Batch(ops, self._structs, self._cache_addresses(ctx.kv), ctx, x, cos, sin)
+
+    def one_token(self, kv, backend, slot: int, token: int, position: int, capture: tuple[int, ...] = ()
+                  ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
+        """The decoder layers and final norm over one new token of one sequence (written at cache
+        index kv.lengths[slot], RoPE ``position``), as forward runs them for B = T = 1: (hidden [1, 1, H]
+        normed, {layer i in capture: its output [1, 1, H]}); None where the fused path does not apply
+        (``begin``'s conditions)."""
+        cfg, model = self.model.cfg, self.model
+        if (not isinstance(backend, NativeCPUBackend) or model.dtype != torch.float32
+                or cfg.hidden_size % 8 or cfg.intermediate_size % 8 or cfg.head_dim % 2
+                or not NativeCPUBackend.runs(kv, model.device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)):
+            return None
+        ops = self._operands()
+        if ops is None:
+            return None
+        one = self._one
+        if one is None or one.ops is not ops or one.kv is not kv:
+            one = self._one = _OneToken(ops, self._structs, self._cache_addresses(kv), kv)
+        return one.run(model, slot, token, position, capture)
 
 
 class _Batch:
@@ -154,3 +174,45 @@ class _Batch:
         """x float32 contiguous (from pack), owned by the caller, becomes the output of decoder layers
         first .. stop - 1, run in one native call."""
         self.nk.decoder_layers(self.structs, *self.caches, first, stop, self.batch, x, self.scratch)
+
+
+class _OneToken:
+    """One sequence's one-token forward (a plain decode step, a draft model's step) through the fused
+    layers, its sd_batch, int32 operands, scratch and input row kept from forward to forward: a step
+    sets four numbers and two pointers instead of building tensors. After the weights have streamed
+    through the caches, every object the general path touches is a cache miss: its Python costs a
+    decode step ~0.5 ms more. The layers receive what forward gives them for B = T = 1 (the same
+    embedding row, the same rows of the rotary tables, the same kernels), so the bits are the same."""
+
+    def __init__(self, ops: list[LayerOperands], structs: ctypes.Array, caches: tuple[ctypes.Array, ctypes.Array],
+                 kv):
+        self.ops, self.structs, self.caches, self.kv = ops, structs, caches, kv
+        self.nk = native_kernels()
+        self.ints = (ctypes.c_int32 * 4)(0, 0, 1, 1)  # slot, start (tokens cached), num_new = 1, nkeys = start + 1
+        base, w = ctypes.addressof(self.ints), ctypes.sizeof(ctypes.c_int32)
+        D = kv.k.shape[-1]
+        self.batch = SdBatch(1, 1, 1, None, base, base + w, base + 2 * w, base + 3 * w, None, 0, None, None,
+                             int(kv.k.dtype == torch.bfloat16), kv.k.shape[3], D ** -0.5)
+        self.scratch = self.nk.layer_scratch(ops[0].struct, 1)
+        self.x = torch.empty(1, ops[0].struct.hidden)  # the layers' activation row, updated in place
+
+    def run(self, model, slot: int, token: int, position: int, capture: tuple[int, ...]
+            ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        kv = self.kv
+        start = kv.lengths[slot]
+        kv.clean([slot], start + 1)
+        cos, sin = model.rotary.tables(position + 1, torch.float32, model.device)  # float32 [n, D] each
+        row = cos.stride(0) * cos.element_size() * position
+        self.batch.cos, self.batch.sin = cos.data_ptr() + row, sin.data_ptr() + row
+        ints = self.ints
+        ints[0], ints[1], ints[3] = slot, start, start + 1
+        emb = model.embed_tokens
+        x = self.x
+        x.copy_(emb.row(token) if hasattr(emb, "row") else emb(torch.tensor([token])))
+        n, first, captured = len(self.ops), 0, {}
+        for stop in sorted({i + 1 for i in capture if 0 <= i < n} | {n}):  # a stretch ends at a capture
+            self.nk.decoder_layers(self.structs, *self.caches, first, stop, self.batch, x, self.scratch)
+            if stop - 1 in capture:
+                captured[stop - 1] = x.view(1, 1, -1).clone()
+            first = stop
+        return model.norm(x.view(1, 1, -1)), captured

@@ -48,6 +48,11 @@ class ModelRunner:
         starts = [self.kv.lengths[s] for s in slots]
         for s, n in zip(slots, num_new):
             self.kv.check_fits(s, n)
+        if B == 1 and T == 1 and tree_mask is None and logits_for != 0:
+            out = self._one_token(slots[0], tokens[0][0], positions[0][0] if positions is not None else starts[0],
+                                  tuple(capture_layers), logits, last_only or packed_logits)
+            if out is not None:
+                return out
         ids = torch.zeros(B, T, dtype=torch.long)
         pos = torch.zeros(B, T, dtype=torch.long)
         for b in range(B):
@@ -87,3 +92,17 @@ class ModelRunner:
             out[~real] = 0
             return out, hidden, ctx.captured
         return self.model.compute_logits(hidden), hidden, ctx.captured
+
+    def _one_token(self, slot: int, token: int, position: int, capture: tuple[int, ...], logits: bool, flat: bool):
+        """forward's result for one token of one sequence through the model's lean path (a decode
+        step), or None where the model has none for this forward. flat: logits [1, V], else [1, 1, V]."""
+        one = getattr(self.model, "one_token", None)
+        out = None if one is None else one(self.kv, self.attention, slot, token, position, capture)
+        if out is None:
+            return None
+        hidden, captured = out
+        self.last_rows = 1
+        if not logits:
+            return None, hidden, captured
+        rows = self.model.compute_logits(hidden.view(1, -1))
+        return (rows if flat else rows.view(1, 1, -1)), hidden, captured

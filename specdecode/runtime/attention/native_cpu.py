@@ -28,17 +28,16 @@ class NativeCPUBackend(TorchSDPABackend):
         return native_kernels() is not None
 
     @staticmethod
-    def runs(ctx: Context, device: torch.device, head_dim: int, group: int) -> bool:
-        """Whether the kernel takes this forward: queries of head_dim on device, ``group`` query heads
-        per kv head (else forward falls back to SDPA)."""
-        kv = ctx.kv
+    def runs(kv, device: torch.device, head_dim: int, group: int) -> bool:
+        """Whether the kernel takes a forward over ``kv`` (the context's cache): queries of head_dim on
+        device, ``group`` query heads per kv head (else forward falls back to SDPA)."""
         return (native_kernels() is not None and type(kv) is KVCache and device.type == "cpu"
                 and kv.k.dtype in (torch.bfloat16, torch.float32) and head_dim % 8 == 0 and head_dim <= 256
                 and group <= 64)
 
     def forward(self, layer, q, k, v, ctx: Context):
         kv = ctx.kv
-        if not self.runs(ctx, q.device, q.shape[-1], q.shape[1] // k.shape[1]):
+        if not self.runs(kv, q.device, q.shape[-1], q.shape[1] // k.shape[1]):
             return super().forward(layer, q, k, v, ctx)
         nk = native_kernels()
         kv.write(layer, k, v, ctx.slots, ctx.starts, ctx.num_new, ctx.total_len)
