@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def steps_ms(runner, slot: int, steps: int, native: collections.Counter) -> tuple[float, float]:
     """Median ms of one forward of one token with logits, then its argmax, after 256 of context, and
     the mean ms of it outside the native calls that ``native`` accumulates."""
+    from specdecode.sampling import argmax_rows  # the engine's greedy pick
+
     kv = runner.kv
     kv.set_length(slot, 256)
     times, tok = [], 5
@@ -33,7 +35,7 @@ def steps_ms(runner, slot: int, steps: int, native: collections.Counter) -> tupl
     for i in range(steps):
         t0 = time.perf_counter()
         logits, _, _ = runner.forward([slot], [[tok]], last_only=True)
-        tok = int(logits[0].argmax())
+        tok = int(argmax_rows(logits)[0])
         times.append(time.perf_counter() - t0)
         kv.set_length(slot, 257 + i)
     return statistics.median(times) * 1e3, (sum(times) - sum(native.values())) / steps * 1e3

@@ -57,6 +57,7 @@ def main():
     torch.set_num_threads(a.threads)
     from specdecode.config import EngineConfig
     from specdecode.engine.engine import Engine
+    from specdecode.sampling import argmax_rows  # the engine's greedy pick (a plain step's)
 
     eng = Engine(EngineConfig(model=a.model, quant=a.quant, threads=a.threads, max_model_len=1024))
     runner, kv = eng.runner, eng.kv
@@ -73,11 +74,11 @@ def main():
         logits, _, _ = runner.forward([slot], [prompt], last_only=True)
         kv.set_length(slot, len(prompt))
         t1 = time.perf_counter()
-        tok = int(logits[0].argmax())
+        tok = int(argmax_rows(logits)[0])
         for i in range(a.decode_tokens):
             logits, _, _ = runner.forward([slot], [[tok]], last_only=True)
             kv.set_length(slot, len(prompt) + i + 1)
-            tok = int(logits[0].argmax())
+            tok = int(argmax_rows(logits)[0])
         t2 = time.perf_counter()
         prefill.append(len(prompt) / (t1 - t0))
         decode.append(a.decode_tokens / (t2 - t1))

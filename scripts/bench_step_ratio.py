@@ -3,11 +3,13 @@ one step each (so that a drift of the machine's memory bandwidth hits both alike
 
     python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct
 
-A step is one single-token forward with logits at a 256-token context, as plain decoding runs it for
-the target and as the draft proposer runs it for the draft (with --draft-vocab auto, the default,
-the draft's LM head keeps only the rows of the target's EAGLE-3 draft vocabulary when the target has
-a head; --draft-vocab full times the whole head). Prints per round each model's median step (ms) and
-their ratio, then the median and range of the ratios over rounds."""
+A step is one single-token forward with logits at a 256-token context and the pick of its token, as
+plain decoding runs it for the target (the native argmax) and as the draft proposer runs it for a
+greedy request's draft (its logits in the target's vocabulary, then ``sampling.draft_token``: the
+argmax and its probability against --draft-p-min). With --draft-vocab auto, the default, the draft's
+LM head keeps only the rows of the target's EAGLE-3 draft vocabulary when the target has a head;
+--draft-vocab full times the whole head. Prints per round each model's median step (ms) and their
+ratio, then the median and range of the ratios over rounds."""
 from __future__ import annotations
 
 import argparse
@@ -20,8 +22,8 @@ import torch
 
 
 def steps_ms(models, steps: int) -> list[float]:
-    """Median ms of each model's ``last_logits(slots, feed, positions)`` for one token after 256 of
-    context; models: (runner, kv, last_logits) each. The models step in turns, one step each, the
+    """Median ms of each model's ``step(slot)`` (one token after 256 of context); models: (runner, kv,
+    step) each. The models step in turns, one step each, the
     order flipped every step, so that the host's drift hits all alike."""
     with contextlib.ExitStack() as stack:
         slots = []
@@ -36,14 +38,23 @@ def steps_ms(models, steps: int) -> list[float]:
             order.reverse()
             for i in order:
                 t0 = time.perf_counter()
-                logits = models[i][2]([slots[i]], [[5]], None)
-                int(logits[0].argmax())
+                models[i][2](slots[i])
                 times[i].append(time.perf_counter() - t0)
     return [statistics.median(t) * 1e3 for t in times]
 
 
-def target_logits(runner):
-    return lambda slots, feed, positions: runner.forward(slots, feed, positions, last_only=True)[0]
+def target_step(runner):
+    from specdecode.sampling import argmax_rows
+
+    return lambda slot: int(argmax_rows(runner.forward([slot], [[5]], last_only=True)[0])[0])
+
+
+def draft_step(prop, p_min: float):
+    from specdecode.sampling import draft_token
+    from specdecode.sampling_params import SamplingParams
+
+    greedy = SamplingParams(temperature=0)
+    return lambda slot: draft_token(prop._last_logits([slot], [[5]], None)[0], greedy, None, p_min)
 
 
 def main():
@@ -63,7 +74,7 @@ def main():
     eng = Engine(EngineConfig(model=a.target, threads=a.threads, max_num_seqs=1, max_model_len=1024, spec=spec))
     prop = eng.proposer
     print(json.dumps({"draft_vocab": a.draft_vocab, "draft_lm_head_rows": None if prop.vocab is None else len(prop.vocab)}))
-    timed = [(eng.runner, eng.kv, target_logits(eng.runner)), (prop.runner, prop.kv, prop._last_logits)]
+    timed = [(eng.runner, eng.kv, target_step(eng.runner)), (prop.runner, prop.kv, draft_step(prop, spec.draft_p_min))]
     steps_ms(timed, 4)  # warm-up
     ratios = []
     for r in range(a.rounds):
