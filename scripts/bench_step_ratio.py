@@ -5,8 +5,8 @@ one step each (so that a drift of the machine's memory bandwidth hits both alike
 
 A step is one single-token forward with logits at a 256-token context and the pick of its token, as
 plain decoding runs it for the target (the native argmax) and as the draft proposer runs it for a
-greedy request's draft (its logits in the target's vocabulary, then ``sampling.draft_token``: the
-argmax and its probability against --draft-p-min). With --draft-vocab auto, the default, the draft's
+greedy request's draft (its logits, then ``sampling.draft_token``: the argmax and its probability
+against --draft-p-min). With --draft-vocab auto, the default, the draft's
 LM head keeps only the rows of the target's EAGLE-3 draft vocabulary when the target has a head;
 --draft-vocab full times the whole head. Prints per round each model's median step (ms) and their
 ratio, then the median and range of the ratios over rounds."""
@@ -49,12 +49,23 @@ def target_step(runner):
     return lambda slot: int(argmax_rows(runner.forward([slot], [[5]], last_only=True)[0])[0])
 
 
-def draft_step(prop, p_min: float):
+def draft_step(prop, p_min: float, whole_row: bool = False):
+    """whole_row: the draft's logits written out over the target's vocabulary (-inf outside its
+    sub-vocabulary) before the pick, as the proposer did before it picked on the sub-vocabulary."""
     from specdecode.sampling import draft_token
     from specdecode.sampling_params import SamplingParams
 
     greedy = SamplingParams(temperature=0)
-    return lambda slot: draft_token(prop._last_logits([slot], [[5]], None)[0], greedy, None, p_min)
+    ids = None if prop.vocab is None else prop.vocab
+
+    def step(slot):
+        logits = prop._last_logits([slot], [[5]], None)[0]
+        if not whole_row or ids is None:
+            return draft_token(logits, greedy, None, p_min, prop.vocab_ids, prop.target_vocab)
+        row = logits.new_full((prop.target_vocab,), float("-inf"))
+        row[ids] = logits
+        return draft_token(row, greedy, None, p_min)
+    return step
 
 
 def main():
@@ -65,6 +76,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--draft-vocab", default="auto", choices=("auto", "full"))
+    ap.add_argument("--whole-row", action="store_true",
+                    help="also time the draft picking from its logits written out over the target's vocabulary")
     a = ap.parse_args()
     from specdecode.config import EngineConfig, SpecConfig
     from specdecode.engine.engine import Engine
@@ -75,14 +88,24 @@ def main():
     prop = eng.proposer
     print(json.dumps({"draft_vocab": a.draft_vocab, "draft_lm_head_rows": None if prop.vocab is None else len(prop.vocab)}))
     timed = [(eng.runner, eng.kv, target_step(eng.runner)), (prop.runner, prop.kv, draft_step(prop, spec.draft_p_min))]
+    if a.whole_row:
+        timed.append((prop.runner, prop.kv, draft_step(prop, spec.draft_p_min, whole_row=True)))
     steps_ms(timed, 4)  # warm-up
-    ratios = []
+    ratios, whole = [], []
     for r in range(a.rounds):
-        t, d = steps_ms(timed, a.steps)
+        t, d, *w = steps_ms(timed, a.steps)
         ratios.append(d / t)
-        print(json.dumps({"round": r, "target_ms": round(t, 2), "draft_ms": round(d, 2), "ratio": round(d / t, 3)}))
-    print(json.dumps({"ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
-                      "ratio_max": round(max(ratios), 3)}))
+        row = {"round": r, "target_ms": round(t, 2), "draft_ms": round(d, 2), "ratio": round(d / t, 3)}
+        if w:
+            whole.append(w[0] / t)
+            row.update(draft_whole_row_ms=round(w[0], 2), ratio_whole_row=round(whole[-1], 3))
+        print(json.dumps(row))
+    out = {"ratio_median": round(statistics.median(ratios), 3), "ratio_min": round(min(ratios), 3),
+           "ratio_max": round(max(ratios), 3)}
+    if whole:
+        out.update(ratio_whole_row_median=round(statistics.median(whole), 3), ratio_whole_row_min=round(min(whole), 3),
+                   ratio_whole_row_max=round(max(whole), 3))
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

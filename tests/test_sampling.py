@@ -83,6 +83,26 @@ def test_argmax_rows_is_torch_argmax(native, monkeypatch):
         assert argmax_rows(x)[-1] == 0 and (rows <= 2 or argmax_rows(x)[1] == vocab // 2)
 
 
+def test_a_draft_from_a_sub_vocabulary_is_the_draft_from_the_whole_row():
+    """draft_token over logits of a sub-vocabulary (a draft model's reduced LM head) gives the token, q
+    and confidence it gives from the whole row with -inf elsewhere, ties included."""
+    from specdecode.sampling import draft_token
+
+    g = torch.Generator().manual_seed(3)
+    V = 500
+    for trial in range(40):
+        ids = torch.randperm(V, generator=g)[:60].sort().values
+        sub = (torch.randn(60, generator=g) * 3).round()  # rounded: ties between entries are common
+        full = torch.full((V,), float("-inf")).index_copy_(0, ids, sub)
+        for params in (SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_k=20, seed=1)):
+            u = torch.rand(1, generator=g, dtype=torch.float64)
+            p_min = [0.0, 0.3, 0.9][trial % 3]
+            tok, q, conf = draft_token(sub, params, u, p_min, ids.tolist(), V)
+            want_tok, want_q, want_conf = draft_token(full, params, u, p_min)
+            assert (tok, conf) == (want_tok, want_conf)
+            assert (q is None) == (want_q is None) and (q is None or torch.equal(q, want_q))
+
+
 def test_top_k():
     close(process_logits(LOGITS, SamplingParams(top_k=2)), renorm([0, 0, 0.30, 0, 0.40]))
     close(process_logits(LOGITS, SamplingParams(top_k=3)), renorm([0, 0.15, 0.30, 0, 0.40]))

@@ -21,7 +21,9 @@ Draft vocabulary (``--draft-vocab auto``): when the target has an EAGLE-3 head (
 bundled), the draft's LM head keeps only the rows of that head's draft vocabulary, the target's most
 frequent tokens. A 0.5B Qwen's LM head is 38 % of its step's bytes; 8192 of 151936 rows are 2 %.
 The draft then never proposes a token outside it (q = 0 there), which costs acceptance only where
-the target emits one; verification keeps the output exact either way."""
+the target emits one; verification keeps the output exact either way. Its logits stay in that
+vocabulary (a greedy draft maps its argmax to the target's id; only a sampled draft's q is written
+out over the target's vocabulary)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -80,24 +82,22 @@ class DraftModelProposer(Proposer):
                           mc.head_dim, target.kv_dtype(model.quant), target.device)
         self.runner = ModelRunner(model, self.kv, target.attention)
         self.vocab = head_vocabulary(spec, target) if spec.draft_vocab == "auto" else None  # [Vr] ids or None
-        if self.vocab is not None:
-            self.vocab = self.vocab.to(target.device)
         self.lm_head = None if self.vocab is None else reduced_head(model, self.vocab)
+        self.vocab_ids = None if self.vocab is None else self.vocab.tolist()  # entry j of a logits row: this id
         self.timer = target.timer
         self._cost = DraftCost(self._calibrate)
         self._kept = KeptStates(lambda st: self.kv.free(st.slot))
 
     def _last_logits(self, slots, feed, positions) -> torch.Tensor:
-        """The draft forward over ``feed``; float32 logits [B, V_target] of each row's last token."""
+        """The draft forward over ``feed``; float32 logits of each row's last token: [B, Vr] over the ids
+        ``vocab_ids`` where the LM head is reduced, else [B, V_target]."""
         if self.lm_head is None:
             logits, _, _ = self.runner.forward(slots, feed, positions, last_only=True)
             return self._logits_in_target_vocab(logits)
         _, hidden, _ = self.runner.forward(slots, feed, positions, logits=False)
         rows = torch.arange(len(feed), device=hidden.device)
         last = hidden[rows, torch.tensor([len(f) - 1 for f in feed], device=hidden.device)]  # [B, H]
-        out = last.new_full((len(feed), self.target_vocab), float("-inf"), dtype=torch.float32)
-        out[:, self.vocab] = self.lm_head(last).float()
-        return out
+        return self.lm_head(last).float()
 
     def _logits_in_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """[B, V_draft] -> [B, V_target]: drop padded rows, or pad with -inf (q = 0 there)."""
@@ -156,7 +156,8 @@ class DraftModelProposer(Proposer):
             for row, (b, st) in enumerate(zip(active, states)):
                 self.kv.set_length(st.slot, self.kv.lengths[st.slot] + len(feed[b]))
                 st.fed += len(feed[b])
-                if extend_chain(drafts[b], qs[b], logits[row], seqs[b], self.spec.draft_p_min, max_tokens[b]):
+                if extend_chain(drafts[b], qs[b], logits[row], seqs[b], self.spec.draft_p_min, max_tokens[b],
+                                self.vocab_ids, self.target_vocab):
                     feed[b] = drafts[b][-1:]
                     still.append(b)
             active = still

@@ -144,14 +144,16 @@ class Proposer:
         return self.name
 
 
-def extend_chain(tokens: list[int], qs: list, logits, seq: SeqView, p_min: float, max_tokens: int) -> bool:
-    """One step of a model drafter's chain: draws a token from ``logits`` [V] (``sampling.draft_token``)
-    and appends it, with the q it was drawn from (sampled requests), to ``tokens`` / ``qs``, unless the
-    chain already has a token and this one is not confident (``--draft-p-min``). Returns whether the
-    chain goes on (a token was appended and there is room for another)."""
+def extend_chain(tokens: list[int], qs: list, logits, seq: SeqView, p_min: float, max_tokens: int,
+                 ids: list[int] | None = None, vocab_size: int = 0) -> bool:
+    """One step of a model drafter's chain: draws a token from ``logits`` [V] (``sampling.draft_token``;
+    ids, vocab_size: its sub-vocabulary) and appends it, with the q it was drawn from (sampled requests),
+    to ``tokens`` / ``qs``, unless the chain already has a token and this one is not confident
+    (``--draft-p-min``). Returns whether the chain goes on (a token was appended and there is room for
+    another)."""
     # a drafted token's number is keyed by the position it would take, so it never shifts the target's
     u = None if seq.random is None else seq.random.u([len(seq.tokens) + len(tokens)], DRAFT)
-    tok, q, confident = draft_token(logits, seq.params, u, p_min)
+    tok, q, confident = draft_token(logits, seq.params, u, p_min, ids, vocab_size)
     if not confident and tokens:
         return False  # stop this chain before a likely-wrong token
     tokens.append(tok)
