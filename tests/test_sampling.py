@@ -6,7 +6,8 @@ import torch
 
 from specdecode.errors import InvalidRequestError
 from specdecode.kernels import native_kernels
-from specdecode.sampling import StopChecker, argmax_rows, process_logits, sample
+from specdecode.engine.stop import StopChecker
+from specdecode.sampling import argmax_rows, process_logits, sample
 from specdecode.sampling_params import SamplingParams
 
 # One row with distinct probabilities, so every filter's cut is easy to compute by hand.

@@ -8,11 +8,12 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from ..sampling import RandomStream, StopChecker, TokenLogprob
+from ..sampling import RandomStream, TokenLogprob
 from ..sampling_params import SamplingParams
 from ..speculative.controller import AcceptanceEstimate
 from ..speculative.metrics import SpecStats
 from ..tokenizer.detok import StreamingDetokenizer
+from .stop import StopChecker
 
 _ids = itertools.count()
 
