@@ -12,8 +12,9 @@ from gguf_fixtures import K_QUANTS, Q, encode, reference_model, write_gguf
 from specdecode.runtime.kv_cache import KVCache
 from specdecode.runtime.model_runner import ModelRunner
 from specdecode.errors import ModelFileError, UnsupportedModelError
-from specdecode.loader.gguf_loader import (GGUFFile, auto_quant, GGUFTensorInfo, dequantize_tensor, gguf_tensor_infos, hf_name,
-                                           iter_gguf_tensors, load_gguf_model, read_gguf_config, unpermute_rows)
+from specdecode.loader.gguf_file import GGUFFile, GGUFTensorInfo, gguf_tensor_infos
+from specdecode.loader.gguf_loader import (auto_quant, dequantize_tensor, hf_name, iter_gguf_tensors, load_gguf_model,
+                                           read_gguf_config, unpermute_rows)
 from specdecode.loader.hf import config_from_hf
 from specdecode.layers.rotary import rope_inv_freq  # after specdecode.models: rotary <-> models import cycle
 from tiny_models import hf_model

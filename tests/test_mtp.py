@@ -14,7 +14,8 @@ from specdecode.cli import main as cli_main
 from specdecode.runtime.context import Context, use_context
 from specdecode.runtime.kv_cache import KVCache
 from specdecode.errors import ModelFileError
-from specdecode.loader.gguf_loader import GGUFFile, load_gguf_model, read_gguf_config
+from specdecode.loader.gguf_file import GGUFFile
+from specdecode.loader.gguf_loader import load_gguf_model, read_gguf_config
 from specdecode.loader.hf import config_from_hf
 from specdecode.loader.mtp_ckpt import attach_mtp, load_mtp_head, mtp_layer_count, save_head_dir
 from specdecode.models.mtp import MTPConfig, build_mtp_head

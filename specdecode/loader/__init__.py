@@ -26,7 +26,8 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.de
         return model, Tokenizer.from_hf_dir(path)
     if not path.exists():
         raise ModelFileError(f"{path}: no such file or directory")
-    from .gguf_loader import GGUFFile, load_gguf_model
+    from .gguf_file import GGUFFile
+    from .gguf_loader import load_gguf_model
 
     f = GGUFFile(path)  # parsed once, for the weights and the tokenizer
     model, tok = load_gguf_model(f, dtype, device, quant), Tokenizer.from_gguf(f)

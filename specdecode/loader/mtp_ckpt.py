@@ -18,7 +18,8 @@ import torch
 from ..errors import ModelFileError
 from ..models.config import ModelConfig
 from ..models.mtp import MTPConfig, MTPHead, build_mtp_head
-from .gguf_loader import GGUFFile, dequantize_tensor, hf_name, permuted_heads, read_gguf_config, unpermute_rows
+from .gguf_file import GGUFFile
+from .gguf_loader import dequantize_tensor, hf_name, permuted_heads, read_gguf_config, unpermute_rows
 
 NEXTN_NAMES = {"eh_proj": "eh_proj", "enorm": "enorm", "hnorm": "hnorm", "shared_head_norm": "shared_head.norm",
                "shared_head_head": "shared_head.head", "embed_tokens": "embed_tokens"}  # GGUF -> HF
