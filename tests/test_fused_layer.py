@@ -58,9 +58,9 @@ def _both_paths(model, cache_dtype):
         calls.extend(range(first, stop))
         return real(self, first, stop, x)
 
-    def counting_one(self, model, *args):
+    def counting_one(self, *args):
         calls.extend(range(len(self.ops)))
-        return real_one(self, model, *args)
+        return real_one(self, *args)
 
     llama_native._Batch.layers, llama_native._OneToken.run = counting, counting_one
     try:
@@ -112,7 +112,6 @@ def test_one_token_forwards_give_the_bits_of_the_batched_path():
             model._native.one_token = lambda *a, **k: None
         try:
             runner = _runner(model, torch.bfloat16)
-            runner.kv.max_len = runner.kv.k.shape[3]
             kv, got = runner.kv, []
             a, b = kv.allocate(), kv.allocate()
             for slot in (a, b):
@@ -133,6 +132,27 @@ def test_one_token_forwards_give_the_bits_of_the_batched_path():
     assert len(out[True]) == len(out[False])
     for i, (x, y) in enumerate(zip(out[True], out[False])):
         assert x.shape == y.shape and torch.equal(x, y), i
+
+
+def test_one_token_operands_are_kept_per_cache_and_dropped_with_it():
+    """Two runners over one model (two engines sharing a target) each keep their operands; a cache that
+    is gone takes its operands with it."""
+    import gc
+
+    model = quantized(hf_model("qwen2"), "int4")
+    runners = [_runner(model, torch.bfloat16) for _ in range(2)]
+    for r in runners:
+        slot = r.kv.allocate()
+        r.forward([slot], [[1, 2, 3]], logits=False)
+        r.kv.set_length(slot, 3)
+    kept = []
+    for r in runners * 2:
+        r.forward([0], [[4]], logits=False)
+        kept.append(model._native._one[r.kv])
+    assert kept[0] is kept[2] and kept[1] is kept[3] and kept[0] is not kept[1]
+    del runners, r, kept
+    gc.collect()
+    assert len(model._native._one) == 0
 
 
 def test_file_embedding_row_is_forwards_row():

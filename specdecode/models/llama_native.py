@@ -7,6 +7,7 @@ another device) ``NativeForward.begin`` returns None and the modules run as usua
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import torch
 
@@ -57,7 +58,9 @@ class NativeForward:
         self._key = None
         self._structs = None  # ctypes array: the address of each layer's sd_layer
         self._caches = (None, None, None)  # (key, kc, vc): each layer's cache addresses in one KV cache
-        self._one: _OneToken | None = None  # one_token's operands, kept between forwards
+        # one_token's operands over each KV cache it ran on (two engines may share one model), kept between
+        # forwards; weak: a cache dropped by its engine drops them
+        self._one: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _operands(self) -> list[LayerOperands] | None:
         layers = self.model.layers
@@ -114,10 +117,10 @@ class NativeForward:
         ops = self._operands()
         if ops is None:
             return None
-        one = self._one
-        if one is None or one.ops is not ops or one.kv is not kv:
-            one = self._one = _OneToken(model, ops, self._structs, self._cache_addresses(kv), kv)
-        return one.run(model, slot, token, position, capture)
+        one = self._one.get(kv)
+        if one is None or one.ops is not ops:
+            one = self._one[kv] = _OneToken(model, ops, self._structs, self._cache_addresses(kv), kv)
+        return one.run(kv, model, slot, token, position, capture)
 
 
 class _Batch:
@@ -186,7 +189,7 @@ class _OneToken:
 
     def __init__(self, model, ops: list[LayerOperands], structs: ctypes.Array,
                  caches: tuple[ctypes.Array, ctypes.Array], kv):
-        self.ops, self.structs, self.caches, self.kv = ops, structs, caches, kv
+        self.ops, self.structs, self.caches = ops, structs, caches  # caches: kv's layer addresses (never kv)
         self.nk = native_kernels()
         self.ints = (ctypes.c_int32 * 4)(0, 0, 1, 1)  # slot, start (tokens cached), num_new = 1, nkeys = start + 1
         base, w = ctypes.addressof(self.ints), ctypes.sizeof(ctypes.c_int32)
@@ -200,9 +203,8 @@ class _OneToken:
         w = norm.weight.detach()
         self.norm = (w, norm.eps) if w.dtype == torch.float32 and w.is_contiguous() and not w.requires_grad else None
 
-    def run(self, model, slot: int, token: int, position: int, capture: tuple[int, ...]
+    def run(self, kv, model, slot: int, token: int, position: int, capture: tuple[int, ...]
             ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        kv = self.kv
         start = kv.lengths[slot]
         kv.clean([slot], start + 1)
         cos, sin = model.rotary.tables(position + 1, torch.float32, model.device)  # float32 [n, D] each
