@@ -801,3 +801,40 @@ SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --categ
 for tree in $PWD /tmp/wt_base $PWD; do (cd $tree && python -m specdecode.cli bench-serve -t 2 --spec-types none,auto \
   --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P); done
 git worktree remove --force /tmp/wt_base
+
+# ---- Round 31 (thirty-fourth session, Zen 4 host): a decode step's lean one-token path; the draft's pick ----
+# "before" is 37d933d (round 30's last commit) in a second worktree; 992cd39 (the lean path, before the
+# draft's sub-vocabulary pick) in a third.
+git worktree add -f /tmp/wt_base 37d933d && git worktree add -f /tmp/wt_mid 992cd39
+python scripts/ab_one_token.py
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/ab_one_token.py
+git show 992cd39:scripts/bench_step_ratio.py > /tmp/wt_base/scripts/bench_step_ratio_new.py  # steps in turns
+for i in 1 2; do (cd /tmp/wt_base && python scripts/bench_step_ratio_new.py --rounds 5); python scripts/bench_step_ratio.py --rounds 5; done
+for i in 1 2; do (cd /tmp/wt_mid && python scripts/bench_step_ratio.py --rounds 5); python scripts/bench_step_ratio.py --rounds 5; done
+python scripts/bench_step_ratio.py --rounds 7 --whole-row
+# the runtime curve, before and now in turns (the first "before" with its own script's torch argmax)
+for i in 1 2; do (cd /tmp/wt_base && python scripts/bench_runtime.py --quant auto --reps 3); python scripts/bench_runtime.py --quant auto --reps 3
+  cp scripts/bench_runtime.py /tmp/wt_base/scripts/; done
+(cd /tmp/wt_base && SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3)
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3
+# llama.cpp side by side (peers built as in round 29)
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
+  --theirs plain,ngram-mod --rounds 2 --json-out out/r31_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r31_vs_llamacpp_avx2.json
+# the same prompts' sequential ratios without llama-servers: ours only, the first 3 prompts, two rounds
+for tree in $PWD /tmp/wt_base; do python - "$tree" <<'PY'
+import sys
+sys.path[:0] = [sys.argv[1] + "/scripts", sys.argv[1]]
+import bench_vs_llamacpp as b
+from specdecode import LLM
+from specdecode.store import resolve_model
+model = str(resolve_model("qwen2.5-coder-1.5b-instruct"))
+items = b.prompts(LLM(model, spec_type="none", max_num_seqs=1, max_model_len=64))[:3]
+base = LLM(model, spec_type="none", threads=2, max_num_seqs=1)
+b.run(lambda: b.ours(model, None, ["none", "auto"], 2, base), lambda: {}, items, 128, 2)
+PY
+done
+python scripts/bench_interleaved.py --categories writing,roleplay,coding --reps 2 --prompts $P  # at d626fc0 and at ac8c780
+python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
+git worktree remove --force /tmp/wt_base && git worktree remove --force /tmp/wt_mid
