@@ -56,12 +56,12 @@ def draft_step(prop, p_min: float, whole_row: bool = False):
     from specdecode.sampling_params import SamplingParams
 
     greedy = SamplingParams(temperature=0)
-    ids = None if prop.vocab is None else prop.vocab
+    ids = prop.vocab
 
     def step(slot):
         logits = prop._last_logits([slot], [[5]], None)[0]
         if not whole_row or ids is None:
-            return draft_token(logits, greedy, None, p_min, prop.vocab_ids, prop.target_vocab)
+            return draft_token(logits, greedy, None, p_min, ids, prop.target_vocab)
         row = logits.new_full((prop.target_vocab,), float("-inf"))
         row[ids] = logits
         return draft_token(row, greedy, None, p_min)

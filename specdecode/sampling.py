@@ -198,21 +198,21 @@ def _sample_rows(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.where(deterministic, argmax_rows(probs.float()), drawn)
 
 
-def draft_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None,
-                p_min: float, ids: list[int] | None = None, vocab_size: int = 0) -> tuple[int, torch.Tensor | None, bool]:
+def draft_token(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None, p_min: float,
+                ids: torch.Tensor | None = None, vocab_size: int = 0) -> tuple[int, torch.Tensor | None, bool]:
     """One token of a model-based draft from its logits [V]: (token, q, confident). Greedy requests
     draft the argmax (q None: a deterministic draft); sampled ones draw from q = process_logits, the
     exact distribution the acceptance rule needs, with the uniform ``u`` [1] (the request's stream).
     confident: the drafted token's probability (greedy) or q's top probability reaches ``p_min``
-    (--draft-p-min). ``ids``: logits cover a sub-vocabulary, entry j being token ids[j] (ascending)
-    of a vocabulary of ``vocab_size`` tokens, the others' logits -inf: the same draft as from the
-    whole row, without writing it out for a greedy request (q [vocab_size] for a sampled one)."""
+    (--draft-p-min). ``ids`` (int64 [len(logits)], on logits' device): logits cover a sub-vocabulary,
+    entry j being token ids[j] (ascending) of a vocabulary of ``vocab_size`` tokens, the others'
+    logits -inf: the same draft as from the whole row, without writing it out for a greedy request
+    (q [vocab_size] for a sampled one)."""
     if params.greedy:
         j = int(argmax_rows(logits.reshape(1, -1))[0])  # ascending ids: the first maximum maps to the first
-        return (j if ids is None else ids[j]), None, float(torch.softmax(logits, -1)[j]) >= p_min
+        return (j if ids is None else int(ids[j])), None, float(torch.softmax(logits, -1)[j]) >= p_min
     if ids is not None:
-        logits = logits.new_full((vocab_size,), float("-inf")).index_copy_(
-            0, torch.tensor(ids, device=logits.device), logits)
+        logits = logits.new_full((vocab_size,), float("-inf")).index_copy_(0, ids, logits)
     q = process_logits(logits.unsqueeze(0), params)[0]
     tok = int(sample(q.unsqueeze(0), u=u)[0])
     return tok, q, float(q.max()) >= p_min

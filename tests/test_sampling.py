@@ -98,7 +98,7 @@ def test_a_draft_from_a_sub_vocabulary_is_the_draft_from_the_whole_row():
         for params in (SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_k=20, seed=1)):
             u = torch.rand(1, generator=g, dtype=torch.float64)
             p_min = [0.0, 0.3, 0.9][trial % 3]
-            tok, q, conf = draft_token(sub, params, u, p_min, ids.tolist(), V)
+            tok, q, conf = draft_token(sub, params, u, p_min, ids, V)
             want_tok, want_q, want_conf = draft_token(full, params, u, p_min)
             assert (tok, conf) == (want_tok, want_conf)
             assert (q is None) == (want_q is None) and (q is None or torch.equal(q, want_q))

@@ -82,15 +82,16 @@ class DraftModelProposer(Proposer):
                           mc.head_dim, target.kv_dtype(model.quant), target.device)
         self.runner = ModelRunner(model, self.kv, target.attention)
         self.vocab = head_vocabulary(spec, target) if spec.draft_vocab == "auto" else None  # [Vr] ids or None
+        if self.vocab is not None:
+            self.vocab = self.vocab.to(target.device)  # entry j of a logits row is token vocab[j]
         self.lm_head = None if self.vocab is None else reduced_head(model, self.vocab)
-        self.vocab_ids = None if self.vocab is None else self.vocab.tolist()  # entry j of a logits row: this id
         self.timer = target.timer
         self._cost = DraftCost(self._calibrate)
         self._kept = KeptStates(lambda st: self.kv.free(st.slot))
 
     def _last_logits(self, slots, feed, positions) -> torch.Tensor:
         """The draft forward over ``feed``; float32 logits of each row's last token: [B, Vr] over the ids
-        ``vocab_ids`` where the LM head is reduced, else [B, V_target]."""
+        ``vocab`` where the LM head is reduced, else [B, V_target]."""
         if self.lm_head is None:
             logits, _, _ = self.runner.forward(slots, feed, positions, last_only=True)
             return self._logits_in_target_vocab(logits)
@@ -157,7 +158,7 @@ class DraftModelProposer(Proposer):
                 self.kv.set_length(st.slot, self.kv.lengths[st.slot] + len(feed[b]))
                 st.fed += len(feed[b])
                 if extend_chain(drafts[b], qs[b], logits[row], seqs[b], self.spec.draft_p_min, max_tokens[b],
-                                self.vocab_ids, self.target_vocab):
+                                self.vocab, self.target_vocab):
                     feed[b] = drafts[b][-1:]
                     still.append(b)
             active = still

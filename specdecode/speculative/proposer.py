@@ -145,7 +145,7 @@ class Proposer:
 
 
 def extend_chain(tokens: list[int], qs: list, logits, seq: SeqView, p_min: float, max_tokens: int,
-                 ids: list[int] | None = None, vocab_size: int = 0) -> bool:
+                 ids: torch.Tensor | None = None, vocab_size: int = 0) -> bool:
     """One step of a model drafter's chain: draws a token from ``logits`` [V] (``sampling.draft_token``;
     ids, vocab_size: its sub-vocabulary) and appends it, with the q it was drawn from (sampled requests),
     to ``tokens`` / ``qs``, unless the chain already has a token and this one is not confident
