@@ -85,7 +85,8 @@ def main() -> int:
         native.one_token = lean
         ratios = [x / y for x, y in zip(times["lean"], times["batched"])]
         diffs = [y - x for x, y in zip(times["lean"], times["batched"])]
-        print(f"{name}: lean {statistics.median(times['lean']):.2f} ms, batched {statistics.median(times['batched']):.2f} ms;"
+        print(f"{name}: lean {statistics.median(times['lean']):.2f} ms,"
+              f" batched {statistics.median(times['batched']):.2f} ms;"
               f" lean / batched {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}),"
               f" saved {statistics.median(diffs):.2f} ms ({min(diffs):.2f}-{max(diffs):.2f});"
               f" outside the native calls: lean {statistics.median(outside['lean']):.3f} ms"

@@ -812,6 +812,7 @@ git show 992cd39:scripts/bench_step_ratio.py > /tmp/wt_base/scripts/bench_step_r
 for i in 1 2; do (cd /tmp/wt_base && python scripts/bench_step_ratio_new.py --rounds 5); python scripts/bench_step_ratio.py --rounds 5; done
 for i in 1 2; do (cd /tmp/wt_mid && python scripts/bench_step_ratio.py --rounds 5); python scripts/bench_step_ratio.py --rounds 5; done
 python scripts/bench_step_ratio.py --rounds 7 --whole-row
+python scripts/bench_step_ratio.py --rounds 3 --whole-row  # at f5a7531
 # the runtime curve, before and now in turns (the first "before" with its own script's torch argmax)
 for i in 1 2; do (cd /tmp/wt_base && python scripts/bench_runtime.py --quant auto --reps 3); python scripts/bench_runtime.py --quant auto --reps 3
   cp scripts/bench_runtime.py /tmp/wt_base/scripts/; done
@@ -837,4 +838,6 @@ PY
 done
 python scripts/bench_interleaved.py --categories writing,roleplay,coding --reps 2 --prompts $P  # at d626fc0 and at ac8c780
 python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --prompts $P --json-out out/r31_sb2.json
+python scripts/spec_bench_categories.py out/r31_sb2.json
 git worktree remove --force /tmp/wt_base && git worktree remove --force /tmp/wt_mid
