@@ -341,7 +341,7 @@ def test_bench_serve_reads_events_whose_text_holds_unicode_line_separators():
 
 
 def test_bench_serve_rounds_combine_by_medians_and_paired_ratios():
-    from specdecode.bench.serve import combine_rounds, format_table
+    from specdecode.bench.serve_report import combine_rounds, format_table
 
     def level(tps, ttft):
         return {"requests": 4, "request_throughput": tps / 10, "output_tokens_per_s": tps, "ttft_p50_ms": ttft,
@@ -362,7 +362,7 @@ def test_bench_serve_rounds_combine_by_medians_and_paired_ratios():
 def test_bench_serve_level_summary_reports_the_longest_inter_token_wait():
     """A level's summary: p50 / p99 of the inter-token gaps over all requests, and the longest one (a
     prefill that stalls decoding requests shows there first)."""
-    from specdecode.bench.serve import format_table, summarize_level
+    from specdecode.bench.serve_report import format_table, summarize_level
 
     records = [{"completion_tokens": 11, "itl_s": [0.05] * 9 + [0.4], "e2e_s": 1.0, "ttft_s": 0.1, "spec": {}},
                {"completion_tokens": 3, "itl_s": [0.05, 0.06], "e2e_s": 0.3, "ttft_s": 0.2, "spec": {}}]

@@ -24,6 +24,7 @@ from ..args import (add_filter_args, add_model_args, add_prefill_args, add_prefi
                     engine_config, spec_config)
 from ..errors import SpecDecodeError
 from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
+from .serve_report import add_round, combine_rounds, format_table, plot, summarize_level
 
 _SSE_EOL = re.compile(r"\r\n|\r|\n")
 
@@ -119,33 +120,6 @@ async def run_level(url: str, model: str, prompts: list[Prompt], concurrency: in
         return records, time.perf_counter() - t0
 
 
-def _pct(xs: list[float], q: float) -> float:
-    import numpy as np
-
-    return float(np.percentile(xs, q)) if xs else 0.0
-
-
-def summarize_level(records: list[dict], wall: float) -> dict:
-    out_tok = sum(r["completion_tokens"] for r in records)
-    itl = [x for r in records for x in r["itl_s"]]
-    tpot = [(r["e2e_s"] - r["ttft_s"]) / (r["completion_tokens"] - 1) for r in records if r["completion_tokens"] > 1]
-    steps = sum(r["spec"].get("steps", 0) for r in records)
-    acc = sum(r["spec"].get("accepted_tokens", 0) for r in records)
-    drafted = sum(r["spec"].get("draft_tokens", 0) for r in records)
-    ttft = [r["ttft_s"] for r in records]
-
-    def ms(xs, q):
-        return round(1000 * _pct(xs, q), 2)
-
-    return {"requests": len(records), "duration_s": round(wall, 3),
-            "request_throughput": round(len(records) / wall, 3), "output_tokens_per_s": round(out_tok / wall, 2),
-            "ttft_p50_ms": ms(ttft, 50), "ttft_p99_ms": ms(ttft, 99), "itl_p50_ms": ms(itl, 50),
-            "itl_p99_ms": ms(itl, 99), "itl_max_ms": ms(itl, 100), "tpot_p50_ms": ms(tpot, 50),
-            "tpot_p99_ms": ms(tpot, 99),
-            "tau": round(1 + acc / steps, 3) if steps else 1.0,
-            "acceptance_rate": round(acc / drafted, 3) if drafted else 0.0}
-
-
 async def reset_prefix_cache(url: str, api_key: str | None = None) -> bool:
     """POST /reset_prefix_cache (vLLM's route); False if the server has no such route."""
     import httpx
@@ -203,96 +177,9 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
                 with BackgroundServer(create_app(engine, ["bench"])) as srv:
                     summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params,
                                                           progress=progress, reset=True))  # the warm-up's prompt too
-                records += _add_round(runs[label], summary, recs, label, r, rounds)
+                records += add_round(runs[label], summary, recs, label, r, rounds)
                 del engine  # its KV cache goes before the next one allocates its own
     return combine_rounds(runs), records
-
-
-def _add_round(runs: dict[int, list[dict]], summary: dict[int, dict], recs: list[dict], label: str, r: int,
-               rounds: int) -> list[dict]:
-    """Appends round r's level summaries to ``runs`` (level -> summaries in round order) and returns
-    its per-request records labelled with the configuration (and the round, when there are several)."""
-    for c, s in summary.items():
-        runs.setdefault(c, []).append(s)
-    return [{"config": label, **({"round": r + 1} if rounds > 1 else {}), **x} for x in recs]
-
-
-def combine_rounds(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int, dict]]:
-    """label -> level -> the summaries of its rounds, in round order -> label -> level -> one summary:
-    the only round's as it is; with several, each figure's median, the tok/s of every round
-    (``output_tokens_per_s_runs``) and, for every configuration, the median and range of its tok/s over
-    the first configuration's in the same round (``vs_first``, ``vs_first_range``): paired ratios,
-    which a machine's drift between rounds does not reach."""
-    import statistics
-
-    first = next(iter(runs.values()), {})
-    out: dict[str, dict[int, dict]] = {}
-    for label, by_c in runs.items():
-        out[label] = {}
-        for c, ss in by_c.items():
-            if len(ss) == 1:
-                out[label][c] = ss[0]
-                continue
-            m = {k: round(statistics.median(s[k] for s in ss), 3) for k in ss[0]}
-            m["rounds"] = len(ss)
-            m["output_tokens_per_s_runs"] = [s["output_tokens_per_s"] for s in ss]
-            ref = first.get(c, [])
-            ratios = [s["output_tokens_per_s"] / b["output_tokens_per_s"]
-                      for s, b in zip(ss, ref) if b["output_tokens_per_s"]]
-            if ratios:
-                m["vs_first"] = round(statistics.median(ratios), 3)
-                m["vs_first_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
-            out[label][c] = m
-    return out
-
-
-# -- report -----------------------------------------------------------------------------------------
-def format_table(results: dict) -> str:
-    base = next(iter(results.values()))
-    lines = [f"{'config':20s} {'conc':>4s} {'req/s':>7s} {'tok/s':>8s} {'ttft50':>8s} {'ttft99':>8s} "
-             f"{'itl50':>7s} {'itl99':>7s} {'itlmax':>7s} {'tpot50':>7s} {'tau':>5s} {'vs first':>8s}"]
-    for label, by_c in results.items():
-        for c, f in by_c.items():
-            ref = base.get(c, {}).get("output_tokens_per_s")
-            rel = f"{f['output_tokens_per_s'] / ref:.2f}x" if ref else "-"
-            if "vs_first" in f:  # several rounds: the median of the paired ratios, and their range
-                lo, hi = f["vs_first_range"]
-                rel = f"{f['vs_first']:.2f}x ({lo:.2f}-{hi:.2f})"
-            tps = f"{f['output_tokens_per_s']:8.1f}"
-            if "output_tokens_per_s_runs" in f:
-                tps += f" ({min(f['output_tokens_per_s_runs']):.1f}-{max(f['output_tokens_per_s_runs']):.1f})"
-            lines.append(f"{label:20s} {c:4d} {f['request_throughput']:7.2f} {tps} "
-                         f"{f['ttft_p50_ms']:8.1f} {f['ttft_p99_ms']:8.1f} {f['itl_p50_ms']:7.1f} "
-                         f"{f['itl_p99_ms']:7.1f} {f.get('itl_max_ms', float('nan')):7.1f} {f['tpot_p50_ms']:7.1f} "
-                         f"{f['tau']:5.2f} {rel:>8s}")
-    note = "\n(latencies in ms; 'vs first': output tok/s against the first configuration"
-    if any("rounds" in f for by_c in results.values() for f in by_c.values()):
-        note += "; several rounds: medians, tok/s's range, and 'vs first' the median (range) of each round's ratio"
-    return "\n".join(lines) + note + ")"
-
-
-def plot(path: str, results: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for i, (label, by_c) in enumerate(results.items()):
-        cs, color = list(by_c), f"C{i}"
-        ax1.plot(cs, [by_c[c]["output_tokens_per_s"] for c in cs], marker="o", color=color, label=label)
-        ax2.plot(cs, [by_c[c]["tpot_p50_ms"] for c in cs], marker="o", color=color, label=f"{label} TPOT p50")
-        ax2.plot(cs, [by_c[c]["ttft_p50_ms"] for c in cs], marker="x", ls="--", color=color,
-                 label=f"{label} TTFT p50")
-    levels = sorted({c for by_c in results.values() for c in by_c})
-    for ax, ylabel in ((ax1, "output tokens/s (all requests)"), (ax2, "latency (ms)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel(ylabel)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def cmd_bench_serve(a: argparse.Namespace) -> int:
@@ -338,7 +225,7 @@ def _bench_running(a, prompts, levels, params, progress):
         for r in range(a.rounds):
             summary, recs = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress,
                                                   reset=not a.warm_levels))
-            records += _add_round(runs, summary, recs, label, r, a.rounds)
+            records += add_round(runs, summary, recs, label, r, a.rounds)
     except httpx.HTTPError as e:
         raise SpecDecodeError(f"{url}: {e}") from None
     return combine_rounds({label: runs}), records
