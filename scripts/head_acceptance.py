@@ -16,7 +16,8 @@ import statistics
 
 from specdecode import LLM, SamplingParams
 from specdecode.bench.prompts import DEFAULT_PROMPTS, MT_BENCH, load_prompts
-from specdecode.train.data import distill_prompts, general_prompts, stdlib_files
+from specdecode.train.data import stdlib_files
+from specdecode.train.prompts import distill_prompts, general_prompts
 
 
 def main() -> None:

@@ -440,7 +440,7 @@ def test_train_head_arguments():
 def test_general_prompts_are_distinct_seeded_and_not_spec_bench():
     """train-head --general: distinct prompts (the held-out ones are the tail of the same list), the same
     for a seed, and none of them a Spec-Bench prompt (evaluation data is never trained on)."""
-    from specdecode.train.data import general_prompts
+    from specdecode.train.prompts import general_prompts
 
     a = general_prompts(400, 0)
     assert len(a) == len(set(a)) == 400 and a == general_prompts(400, 0) and a != general_prompts(400, 1)

@@ -129,8 +129,8 @@ DISTILL_BATCH = 32
 def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
     """Extracts (or resumes extracting) the target's features of the train and held-out windows;
     False if the deadline came first."""
-    from .data import (answered, check_prompt_file, distill_prompts, extract_shard, general_prompts, is_heldout,
-                       sample_windows, write_manifest)
+    from .data import answered, check_prompt_file, extract_shard, is_heldout, sample_windows, write_manifest
+    from .prompts import distill_prompts, general_prompts
 
     # "general" and "quant" enter the manifest only when used, so caches built before those flags
     # existed stay valid

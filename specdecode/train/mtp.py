@@ -60,9 +60,10 @@ def sequences(files: list[Path], tok, seq_len: int, seed: int, chat_fraction: fl
 
 
 def distilled(model, tok, files: list[Path], n: int, max_new: int, seed: int, cache: Path) -> list[list[int]]:
-    """prompt + the target's greedy answer for n chat prompts written from ``files`` (train/data.py's
-    prompts and generation, the EAGLE trainer's too), cached in ``cache`` (resumable)."""
-    from .data import answered, distill_prompts
+    """prompt + the target's greedy answer for n chat prompts written from ``files`` (train/prompts.py's
+    prompts, train/data.py's generation: the EAGLE trainer's too), cached in ``cache`` (resumable)."""
+    from .data import answered
+    from .prompts import distill_prompts
 
     return answered(model, tok, distill_prompts(files, n, seed), max_new, 8, cache)
 
