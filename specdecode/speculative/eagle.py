@@ -36,6 +36,7 @@ from ..runtime.context import Context, use_context
 from ..runtime.kv_cache import KVCache
 from ..runtime.target import Target
 from .controller import DraftCost, ema
+from .eagle_cost import entry_cost, level_cost
 from .eagle_tree import grow, select
 from .kept import KeptStates
 from .proposer import Proposer
@@ -291,29 +292,8 @@ class EagleProposer(Proposer):
         n = self.max_tokens
         return self._step_cost(n_seqs) * min(self.spec.num_steps, n) / n
 
-    @torch.inference_mode()
     def _calibrate(self, n_seqs: int) -> float:
-        """One tree level for n_seqs rows (K entries each over a 32-entry prefix) on a scratch slot."""
-        h, K, dev = self.head, self.spec.eagle_topk, self.head.device
-        x = torch.zeros(n_seqs, K, h.cfg.hidden_size, dtype=h.dtype, device=dev)
-        ids = torch.zeros(n_seqs, K, dtype=torch.long, device=dev)
-        pos = torch.full((n_seqs, K), 32, device=dev)
-        with self.kv.scratch_slot() as slot:
-            ctx = Context(self.kv, [slot] * n_seqs, [32] * n_seqs, [K] * n_seqs,
-                          attn_mask=torch.ones(n_seqs, 1, K, 32 + K, dtype=torch.bool, device=dev),
-                          backend=self.target.attention)
-            with use_context(ctx, dev):
-                return self.timer.best_of(lambda: h.logits(h.step(h.embed(ids), x, pos)).topk(K, dim=-1))
+        return level_cost(self.head, self.kv, self.target.attention, self.timer, n_seqs, self.spec.eagle_topk)
 
-
-    @torch.inference_mode()
-    def _calibrate_entries(self, n: int = 64) -> float:
-        """Seconds per entry of a bulk feed: n causal entries on a scratch slot, as _feed_pending runs them."""
-        h, dev = self.head, self.head.device
-        feats = torch.zeros(1, n, h.feature_size, dtype=h.dtype, device=dev)
-        ids = torch.zeros(1, n, dtype=torch.long, device=dev)
-        pos = torch.arange(n, device=dev)[None]
-        with self.kv.scratch_slot() as slot:
-            ctx = Context(self.kv, [slot], [0], [n], backend=self.target.attention)
-            with use_context(ctx, dev):
-                return self.timer.best_of(lambda: h.step(h.embed(ids), h.project(feats), pos), reps=2) / n
+    def _calibrate_entries(self) -> float:
+        return entry_cost(self.head, self.kv, self.target.attention, self.timer)
