@@ -89,15 +89,21 @@ class NativeForward:
             self._caches = (key, *arrays)
         return self._caches[1], self._caches[2]
 
+    def _fused(self, backend, kv, dtype: torch.dtype, device: torch.device) -> list[LayerOperands] | None:
+        """The layers' operands where the fused path takes a forward on ``backend`` over ``kv`` with
+        activations of dtype on device, else None."""
+        cfg = self.model.cfg
+        if (not isinstance(backend, NativeCPUBackend) or dtype != torch.float32
+                or cfg.hidden_size % 8 or cfg.intermediate_size % 8 or cfg.head_dim % 2
+                or not NativeCPUBackend.runs(kv, device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)):
+            return None
+        return self._operands()
+
     def begin(self, ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> "_Batch | None":
         """The fused path for this forward (x [B, T, hidden], cos / sin [B, 1, T, D]), or None."""
-        cfg = self.model.cfg
-        if (not isinstance(ctx.backend, NativeCPUBackend) or x.dtype != torch.float32
-                or cfg.hidden_size % 8 or cfg.intermediate_size % 8 or cfg.head_dim % 2
-                or not NativeCPUBackend.runs(ctx.kv, x.device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)
-                or (torch.is_grad_enabled() and x.requires_grad)):
+        if torch.is_grad_enabled() and x.requires_grad:
             return None
-        ops = self._operands()
+        ops = self._fused(ctx.backend, ctx.kv, x.dtype, x.device)
         if ops is None:
             return None
         ctx.packed = True
@@ -109,12 +115,8 @@ class NativeForward:
         index kv.lengths[slot], RoPE ``position``), as forward runs them for B = T = 1: (hidden [1, 1, H]
         normed, {layer i in capture: its output [1, 1, H]}); None where the fused path does not apply
         (``begin``'s conditions)."""
-        cfg, model = self.model.cfg, self.model
-        if (not isinstance(backend, NativeCPUBackend) or model.dtype != torch.float32
-                or cfg.hidden_size % 8 or cfg.intermediate_size % 8 or cfg.head_dim % 2
-                or not NativeCPUBackend.runs(kv, model.device, cfg.head_dim, cfg.num_heads // cfg.num_kv_heads)):
-            return None
-        ops = self._operands()
+        model = self.model
+        ops = self._fused(backend, kv, model.dtype, model.device)
         if ops is None:
             return None
         one = self._one.get(kv)
@@ -198,10 +200,7 @@ class _OneToken:
                              int(kv.k.dtype == torch.bfloat16), kv.k.shape[3], D ** -0.5)
         self.scratch = self.nk.layer_scratch(ops[0].struct, 1)
         self.x = torch.empty(1, ops[0].struct.hidden)  # the layers' activation row, updated in place
-        # the final norm's operands where RMSNorm.forward would make this very call (else the module runs)
-        norm = model.norm
-        w = norm.weight.detach()
-        self.norm = (w, norm.eps) if w.dtype == torch.float32 and w.is_contiguous() and not w.requires_grad else None
+        self.norm = model.norm.native_operands()  # RMSNorm.forward's native call on x; None: the module runs
 
     def run(self, kv, model, slot: int, token: int, position: int, capture: tuple[int, ...]
             ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
