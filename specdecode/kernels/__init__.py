@@ -155,14 +155,17 @@ class NativeKernels:
         return torch.empty((n + 63) // 4 + 16)
 
     def decoder_layers(self, layers: ctypes.Array, kc: ctypes.Array, vc: ctypes.Array, first: int, stop: int,
-                       batch, x: torch.Tensor, scratch: torch.Tensor) -> None:
+                       batch, x: torch.Tensor, scratch: torch.Tensor, capture: ctypes.Array | None = None) -> None:
         """decoder_layer for layers first .. stop - 1 in one call: layers, kc, vc are arrays of the
-        layers' SdLayer addresses and of their caches' addresses (one entry per layer)."""
+        layers' SdLayer addresses and of their caches' addresses (one entry per layer). capture: None,
+        or an array of one float pointer per layer (entry i for layer i; 0 for none) that receives a
+        copy of that layer's output, as many floats as x holds."""
         ptr, w = scratch.data_ptr(), ctypes.sizeof(ctypes.c_void_p)
         rc = self.lib.specdecode_decoder_layers(ctypes.addressof(layers) + first * w, ctypes.addressof(kc) + first * w,
                                                 ctypes.addressof(vc) + first * w, stop - first,
                                                 ctypes.addressof(batch), x.data_ptr(), ptr + (-ptr) % 64,
-                                                torch.get_num_threads())
+                                                torch.get_num_threads(),
+                                                None if capture is None else ctypes.addressof(capture) + first * w)
         if rc != 0:
             raise MemoryError("native decoder layer: scratch allocation failed")
 
@@ -209,7 +212,7 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_silu_mul.restype = None
     lib.specdecode_layer_scratch.argtypes = [p, i]
     lib.specdecode_layer_scratch.restype = ctypes.c_size_t
-    lib.specdecode_decoder_layers.argtypes = [p, p, p, i, p, p, p, i]
+    lib.specdecode_decoder_layers.argtypes = [p, p, p, i, p, p, p, i, p]
     lib.specdecode_decoder_layers.restype = i
     lib.specdecode_release_threads.restype = i
     lib.specdecode_argmax_rows.argtypes = [p, i, i, ctypes.c_long, p, i]

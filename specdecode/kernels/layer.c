@@ -201,10 +201,14 @@ int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, vo
 }
 
 /* Layers [0, n) in order over the same batch and rows: layers[i] with its cache kc[i], vc[i]. A
- * stretch of layers is one call from Python instead of one per layer. Returns 0, or -1 as above. */
+ * stretch of layers is one call from Python instead of one per layer. capture: NULL, or n pointers
+ * of which capture[i], where not NULL, receives a copy of layer i's output x [N, hidden] (the states a
+ * drafter reads), so that capturing does not split the call. Returns 0, or -1 as above. */
 int specdecode_decoder_layers(const sd_layer *const *layers, void *const *kc, void *const *vc, int n,
-                              const sd_batch *bt, float *x, void *scratch, int threads) {
-    for (int i = 0; i < n; i++)
+                              const sd_batch *bt, float *x, void *scratch, int threads, float *const *capture) {
+    for (int i = 0; i < n; i++) {
         if (specdecode_decoder_layer(layers[i], bt, kc[i], vc[i], x, scratch, threads)) return -1;
+        if (capture && capture[i]) memcpy(capture[i], x, sizeof(float) * (size_t)bt->N * layers[i]->hidden);
+    }
     return 0;
 }

@@ -67,12 +67,10 @@ class LlamaModel(nn.Module):
         fused = self._native.begin(ctx, x, cos, sin)  # native calls for stretches of layers where it applies
         if fused is not None:
             x = fused.pack(x)  # a copy, updated in place layer by layer (ragged batches: packed rows)
-            n, first = len(self.layers), 0
-            for stop in sorted({i + 1 for i in ctx.capture_layers if 0 <= i < n} | {n}):  # a stretch ends at a capture
-                fused.layers(first, stop, x)
-                if stop - 1 in ctx.capture_layers:
-                    ctx.captured[stop - 1] = fused.unpack(x, copy=True)
-                first = stop
+            n = len(self.layers)
+            bufs = {i: torch.empty_like(x) for i in sorted(ctx.capture_layers) if 0 <= i < n}
+            fused.layers(0, n, x, bufs)  # one native call; the captured layers' outputs land in bufs
+            ctx.captured.update({i: fused.unpack(b) for i, b in bufs.items()})
             return self.norm(fused.unpack(x))
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin)

@@ -125,6 +125,15 @@ class NativeForward:
         return one.run(kv, model, slot, token, position, capture)
 
 
+def capture_pointers(n: int, bufs: dict[int, torch.Tensor]) -> ctypes.Array:
+    """The native decoder_layers' capture argument for layers 0 .. n - 1: bufs[i]'s address at entry i
+    (each a contiguous float32 tensor of the activation's shape), NULL elsewhere."""
+    out = (ctypes.c_void_p * n)()
+    for i, b in bufs.items():
+        out[i] = b.data_ptr()
+    return out
+
+
 class _Batch:
     """One forward's sd_batch, scratch and cache addresses.
 
@@ -175,10 +184,12 @@ class _Batch:
         out.view(-1, x.shape[-1])[self.pos.long()] = x
         return out
 
-    def layers(self, first: int, stop: int, x: torch.Tensor) -> None:
+    def layers(self, first: int, stop: int, x: torch.Tensor, capture: dict[int, torch.Tensor] | None = None) -> None:
         """x float32 contiguous (from pack), owned by the caller, becomes the output of decoder layers
-        first .. stop - 1, run in one native call."""
-        self.nk.decoder_layers(self.structs, *self.caches, first, stop, self.batch, x, self.scratch)
+        first .. stop - 1, run in one native call; capture {layer: a tensor shaped as x}: each receives
+        that layer's output."""
+        self.nk.decoder_layers(self.structs, *self.caches, first, stop, self.batch, x, self.scratch,
+                               capture_pointers(len(self.ops), capture) if capture else None)
 
 
 class _OneToken:
@@ -214,12 +225,10 @@ class _OneToken:
         emb = model.embed_tokens
         x = self.x
         x.copy_(emb.row(token) if hasattr(emb, "row") else emb(torch.tensor([token])))
-        n, first, captured = len(self.ops), 0, {}
-        for stop in sorted({i + 1 for i in capture if 0 <= i < n} | {n}):  # a stretch ends at a capture
-            self.nk.decoder_layers(self.structs, *self.caches, first, stop, self.batch, x, self.scratch)
-            if stop - 1 in capture:
-                captured[stop - 1] = x.view(1, 1, -1).clone()
-            first = stop
+        n = len(self.ops)
+        captured = {i: torch.empty(1, 1, x.shape[-1]) for i in capture if 0 <= i < n}
+        self.nk.decoder_layers(self.structs, *self.caches, 0, n, self.batch, x, self.scratch,
+                               capture_pointers(n, captured) if captured else None)
         if self.norm is None:
             return model.norm(x.view(1, 1, -1)), captured
         return self.nk.rmsnorm(x, *self.norm).view(1, 1, -1), captured
