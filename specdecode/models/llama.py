@@ -64,7 +64,7 @@ class LlamaModel(nn.Module):
         ctx = get_context()
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
-        fused = self._native.begin(ctx, x, cos, sin)  # native calls for stretches of layers where it applies
+        fused = self._native.begin(ctx, x, cos, sin)  # one native call for the layers where it applies
         if fused is not None:
             x = fused.pack(x)  # a copy, updated in place layer by layer (ragged batches: packed rows)
             n = len(self.layers)

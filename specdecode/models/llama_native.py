@@ -1,4 +1,4 @@
-"""LlamaModel's decoder layers as native calls (kernels/layer.c: one per stretch of layers), for CPU inference.
+"""LlamaModel's decoder layers as one native call per forward (kernels/layer.c), for CPU inference.
 
 The fused path runs a forward only where it gives the same bits as the module path: the
 cpu-native attention backend over a KVCache, float32 activations, and every projection a native
