@@ -220,6 +220,58 @@ def test_a_draftless_members_drafts_are_valued_by_their_evidence_class():
     assert [step(fresh, 1), step(fresh, 2)] == [False, True]
 
 
+def test_a_classes_measured_prior_decides_its_first_draft():
+    """A fresh engine, no request finished yet: a draft of an evidence class the drafter ships a measured
+    prior for (``evidence_prior``: right 10 % of the time, below this cost curve's break-even 0.3) is not
+    tried, while a class without one starts from the optimistic prior and is. Without the measured
+    prior, every class's first drafts would be tried at 0.8 (verify rows wasted until the record learns)."""
+    from types import SimpleNamespace
+
+    from specdecode.speculative.chain import ChainProposer
+    from specdecode.speculative.controller import best_rate
+    from specdecode.speculative.proposer import Proposer
+    from specdecode.speculative.tree import DraftTree
+
+    class Classed(Proposer):
+        draftless = True
+
+        def propose(self, seqs, max_tokens):
+            return [DraftTree([7], [-1], evidence=s.cls) for s in seqs]
+
+        def evidence_prior(self, evidence):
+            return (0.1,) if evidence == 1 else ()
+
+    chain = ChainProposer([Classed(), Classed()])
+    chain.members[1].propose = lambda seqs, k: [DraftTree.empty() for _ in seqs]
+
+    def verify(t):
+        return 1.0 + 0.3 * (t - 1)
+
+    def value(alphas, cost, depth, k_max, catch_up=0.0):
+        return best_rate(alphas, cost, verify, k_max, depth, catch_up)
+
+    drafted = []
+    for cls in (1, 2):
+        seq = SimpleNamespace(draft_state=None, cls=cls)
+        chain.plan([seq], [1], value, verify=verify)
+        drafted.append(chain._st(seq).choice is not None)
+        assert chain._record(chain._st(seq), 0).alphas(1) == pytest.approx([0.1 if cls == 1 else 0.8])
+    assert drafted == [False, True]
+
+
+@needs_suffix
+def test_suffix_ships_a_prior_for_every_evidence_class():
+    """Every class ``suffix.evidence`` yields has a measured prior (per position, each in (0, 1))."""
+    from specdecode.speculative.suffix import SuffixProposer, evidence
+
+    prop = SuffixProposer(SpecConfig(spec_type="suffix"))
+    classes = {evidence(n, p) for n in (1, 2, 3, 4, 7, 8, 30) for p in (0.1, 0.49, 0.5, 1.0)}
+    assert classes == set(range(1, 9))
+    for c in classes:
+        prior = prop.evidence_prior(c)
+        assert prior and all(0 < a < 1 for a in prior), c
+
+
 @pytest.mark.parametrize("proposed", [False, True])
 def test_a_draftless_draft_that_is_not_verified_still_counts_in_its_record(proposed):
     """In a batch where drafting does not pay, the engine verifies no draft, though each sequence's

@@ -12,7 +12,8 @@ drafts by their evidence (``DraftTree.evidence``: suffix's match length and bran
 keeps a record per class, whose prior is the class's engine-wide record (``class_pools``: fed by finished
 requests as a model member's pool): a one-token match and a repeated paragraph are not one drafter's
 average, and how often each class is right is the drafter's trait, while a record of all its drafts
-would take its prior from requests whose matches were of another kind. A class pool fades per finished
+would take its prior from requests whose matches were of another kind. A class pool starts from the
+drafter's measured acceptance for the class (``Proposer.evidence_prior``), not the optimistic prior. A class pool fades per finished
 request (CLASS_FADE), not per step: what it holds is a property of the drafter and the model, which a
 run of steps without releases (one long request, a batch whose requests all finish late) does not
 change; a class no request drafts any more still drifts back to the optimistic prior and is tried again.
@@ -74,16 +75,7 @@ class ChainProposer(Proposer):
         return seq.draft_state
 
     def _record(self, st: ChainState, i: int) -> AcceptanceEstimate:
-        """Member i's record for this request that values (and then observes) its draft this step: the
-        record of the draft's evidence class where it has one, else the member's record."""
-        c = st.cls.get(i, 0)
-        if not c:
-            return st.acceptance[i]
-        rec = st.evidence[i].get(c)
-        if rec is None:
-            pool = self.class_pools[i].setdefault(c, AcceptanceEstimate())
-            rec = st.evidence[i][c] = AcceptanceEstimate(pool=pool)
-        return rec
+        return st.record(i, self.class_pools[i], self.members[i])
 
     def _view(self, seq, i: int) -> MemberView:
         return MemberView(seq, self._st(seq).members, i)

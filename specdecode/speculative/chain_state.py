@@ -49,6 +49,21 @@ class ChainState:
     own: DraftTree | None = None  # the chosen member's own draft, when merged
     matched: dict[int, int] = field(default_factory=dict)  # member -> its own draft's accepted tokens
 
+    def record(self, i: int, pools: dict[int, AcceptanceEstimate], member) -> AcceptanceEstimate:
+        """Member i's record that values (and then observes) its draft this step: the record of the draft's
+        evidence class where it has one, whose prior is the class's engine-wide record ``pools[c]`` (made
+        on the class's first draft in the engine, from the member's measured ``evidence_prior``), else
+        the member's record."""
+        c = self.cls.get(i, 0)
+        if not c:
+            return self.acceptance[i]
+        rec = self.evidence[i].get(c)
+        if rec is None:
+            if c not in pools:
+                pools[c] = AcceptanceEstimate(prior=member.evidence_prior(c))
+            rec = self.evidence[i][c] = AcceptanceEstimate(pool=pools[c])
+        return rec
+
 
 def identity(k: int) -> int:
     """The depth of a chain of k tokens: the plain-decoding value's ``depth``."""

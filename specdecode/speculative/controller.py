@@ -19,7 +19,9 @@ everywhere at the optimistic 0.8, in batches where a verify row is dear and the 
 request's own record joins the pool only when it finishes, so no observation counts twice in one
 estimate. Draftless drafters (n-gram kinds, suffix) keep PRIOR_ALPHA: whether their matches are right
 depends on the request (one repeating an earlier answer, or fresh text), not on the workload (a pool for
-them was measured and cost one sequence's speed: docs/benchmarks.md, round 24).
+them was measured and cost one sequence's speed: docs/benchmarks.md, round 24). Where a draftless drafter
+classes its drafts by their evidence (suffix), a chain keeps a record per class, whose prior is the
+class's measured acceptance (``Proposer.evidence_prior``; speculative/chain.py).
 
 Re-probing backs off for a model drafter. A probe of a 3-deep head costs about half a step; with the
 counts fading at DECAY, a record that settles at ~10 % acceptance is pulled back over the break-even

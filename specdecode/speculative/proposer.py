@@ -75,7 +75,9 @@ class Proposer:
       ``capture_layers`` names the decoder layers whose outputs it needs besides the final states.
     - ``draftless``: it drafts from token statistics alone, in microseconds (n-gram kinds, suffix):
       a chain of proposers runs it first (speculative/chain.py). ``discard(seq)``: the draft it just
-      proposed for seq will not be verified (a chain chose another member).
+      proposed for seq will not be verified (a chain chose another member). ``prior_acceptance`` (a
+      model drafter) and ``evidence_prior(c)`` (a draftless one, per evidence class): measured
+      acceptance the controller starts from.
     - The controller's hooks, whose defaults suit a single proposer: ``plan(seqs, rooms, value,
       fixed, verify)`` before the draft length is chosen (a chain picks members there);
       ``estimate(seq, k)`` the per-position acceptance estimates of a k-token draft;
@@ -93,6 +95,12 @@ class Proposer:
     # A model drafter's measured acceptance per draft position, where it ships one (a trained head's
     # held-out report): the prior of its engine-wide record instead of the optimistic PRIOR_ALPHA.
     prior_acceptance: tuple[float, ...] = ()
+
+    def evidence_prior(self, evidence: int) -> tuple[float, ...]:
+        """A draftless drafter's measured acceptance per draft position for drafts of one evidence class
+        (``DraftTree.evidence``), where it ships one: the prior of that class's engine-wide record in a
+        chain, instead of the optimistic PRIOR_ALPHA. () for none."""
+        return ()
 
     def propose(self, seqs: list[SeqView], max_tokens: list[int]) -> list[DraftTree]:
         return [DraftTree.empty() for _ in seqs]
