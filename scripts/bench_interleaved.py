@@ -1,10 +1,18 @@
-"""Two --spec-type configurations on one prompt at a time, stepped alternately (one engine step each in
-turn, the order flipped every turn) over the same target weights, so that a drift of the machine's speed,
-which on some hosts moves a plain step by 20 % within a minute, hits both alike; bench_vs_llamacpp.py runs
-whole requests one after the other and its per-prompt ratios carry that drift. Decode time only (the steps
-after the first token); every repetition starts the second configuration's drafters afresh.
+"""--spec-type configurations on one prompt at a time, stepped in turns (one engine step each, the order
+rotating every turn) over the same target weights, so that a drift of the machine's speed, which on some
+hosts moves a plain step by 20 % within a minute, hits them alike; bench_vs_llamacpp.py runs whole
+requests one after the other and its per-prompt ratios carry that drift. Decode time only (the steps
+after the first token); every repetition starts the other configurations' drafters afresh. Prints each
+configuration's speed relative to the first one's.
+
+A configuration may carry a variant after a colon, for A/B runs of the controller in one process:
+  gate-closed     the speculation gate held closed: every step plain, with the drafters' bookkeeping
+                  (what the configuration costs where it does not draft)
+  optimistic      chains: every evidence class starts from the optimistic prior, not the drafter's
+                  measured one (Proposer.evidence_prior)
 
     python scripts/bench_interleaved.py --spec-types none,auto --categories roleplay,rag --reps 3
+    python scripts/bench_interleaved.py --spec-types none,auto,auto:optimistic --categories qa --reps 2
 """
 from __future__ import annotations
 
@@ -18,11 +26,24 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+VARIANTS = ("gate-closed", "optimistic")
+
+
+def variant(llm, name: str) -> None:
+    """Applies a configuration's variant (module doc) to its engine."""
+    eng = llm.engine
+    if name == "gate-closed":
+        eng.planner.gate.open = lambda batch: False
+    elif name == "optimistic":
+        for m in getattr(eng.proposer, "members", ()):
+            m.evidence_prior = lambda c: ()
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
-    ap.add_argument("--spec-types", default="none,auto", help="two configurations: base,other")
+    ap.add_argument("--spec-types", default="none,auto", help="configurations: base,other[,...], each TYPE or "
+                                                              "TYPE:VARIANT (" + ", ".join(VARIANTS) + ")")
     ap.add_argument("--categories", help="comma-separated Spec-Bench categories, the first prompt of each "
                                          "(default: every category)")
     ap.add_argument("--prompts", default="../shared/datasets/spec_bench/question.jsonl")
@@ -34,27 +55,36 @@ def main() -> int:
     from specdecode import LLM, SamplingParams
     from specdecode.bench.prompts import load_prompts
 
-    first, other = a.spec_types.split(",")
-    base = LLM(a.model, spec_type=first, threads=a.threads, max_num_seqs=1)
+    configs = a.spec_types.split(",")
+    for c in configs:
+        if c.partition(":")[2] not in ("", *VARIANTS):
+            sys.exit(f"bench_interleaved: unknown variant in {c!r} (known: {', '.join(VARIANTS)})")
+    first, others = configs[0], configs[1:]
+    base = LLM(a.model, spec_type=first.partition(":")[0], threads=a.threads, max_num_seqs=1)
+    variant(base, first.partition(":")[2])
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     base.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
     cats = a.categories.split(",") if a.categories else None
     by_cat = {p.category: p for p in load_prompts(a.prompts, cats, limit=1)}
-    ratios = []
+    ratios: dict[str, list[float]] = {c: [] for c in others}
     for cat in cats or list(by_cat):
         ids = base.encode_chat([{"role": "user", "content": by_cat[cat].text}])
         for rep in range(a.reps):
-            llm = LLM(a.model, spec_type=other, threads=a.threads, max_num_seqs=1,
-                      _model=base.engine.model, _tokenizer=base.tokenizer)
-            llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)  # calibration, kernel build
-            base.engine.reset_prefix_cache()  # both prefill the prompt
-            engines = {first: base.engine, other: llm.engine}
+            engines = {first: base.engine}
+            for c in others:
+                spec, _, var = c.partition(":")
+                llm = LLM(a.model, spec_type=spec, threads=a.threads, max_num_seqs=1,
+                          _model=base.engine.model, _tokenizer=base.tokenizer)
+                variant(llm, var)
+                llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)  # calibration, kernel build
+                engines[c] = llm.engine
+            base.engine.reset_prefix_cache()  # every configuration prefills the prompt
             seqs = {k: e.add_request(list(ids), params) for k, e in engines.items()}
             spent = dict.fromkeys(engines, 0.0)
             order = list(engines.items())
             while not all(s.finished for s in seqs.values()):
-                order.reverse()  # ABBA: neither engine always runs right after the other's forward
+                order = order[1:] + order[:1]  # each engine runs right after each other one in turn
                 for k, e in order:
                     if seqs[k].finished:
                         continue
@@ -63,16 +93,20 @@ def main() -> int:
                     e.step()
                     if decoding:
                         spent[k] += time.perf_counter() - t0
-            if seqs[first].output_ids != seqs[other].output_ids:
-                print(f"WARNING: {other} output differs from {first} on {cat}", file=sys.stderr)
-            s = seqs[other]
-            ratios.append(spent[first] / spent[other])
-            print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s, {other} {spent[other]:.2f} s, "
-                  f"{other}/{first} speed {ratios[-1]:.3f}, tau {s.stats.mean_acceptance_length:.2f}",
-                  flush=True)
-        cat_ratios = ratios[-a.reps:]
-        print(f"{cat}: median {statistics.median(cat_ratios):.3f} ({min(cat_ratios):.3f}-{max(cat_ratios):.3f})", flush=True)
-    print(f"all: median {statistics.median(ratios):.3f}, {sum(r >= 1 for r in ratios)}/{len(ratios)} >= 1")
+            parts = []
+            for c in others:
+                if seqs[first].output_ids != seqs[c].output_ids:
+                    print(f"WARNING: {c} output differs from {first} on {cat}", file=sys.stderr)
+                ratios[c].append(spent[first] / spent[c])
+                parts.append(f"{c} {spent[c]:.2f} s, {c}/{first} speed {ratios[c][-1]:.3f}, "
+                             f"tau {seqs[c].stats.mean_acceptance_length:.2f}")
+            print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s, " + "; ".join(parts), flush=True)
+        for c in others:
+            r = ratios[c][-a.reps:]
+            print(f"{cat}: {c} median {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})", flush=True)
+    for c in others:
+        r = ratios[c]
+        print(f"all: {c} median {statistics.median(r):.3f}, {sum(x >= 1 for x in r)}/{len(r)} >= 1")
     return 0
 
 
