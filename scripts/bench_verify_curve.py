@@ -1,6 +1,7 @@
 """The 1.5B's whole forward over t = 1, 5, 9 new tokens after a 256-token context, as a verify runs it
 (row_exact), rounds interleaving t; prints the medians (first two rounds dropped) and v(t)/v(1). Shorter
-than bench_runtime.py's curve, for A/B runs of a code change in turns (one process each):
+than bench_runtime.py's curve, for A/B runs of a code change in turns (one process each). --split also
+times each forward without logits (the decoder layers alone; the LM head is the difference):
 
     python scripts/bench_verify_curve.py --rounds 21; git stash; python scripts/bench_verify_curve.py --rounds 21; git stash pop
 """
@@ -22,6 +23,7 @@ def main() -> int:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--split", action="store_true", help="also time the forwards without logits")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specdecode.config import EngineConfig
@@ -32,16 +34,21 @@ def main() -> int:
     prompt = torch.randint(0, 100000, (256,), generator=torch.Generator().manual_seed(0)).tolist()
     slot = kv.allocate()
     runner.forward([slot], [prompt], last_only=True)
-    times = {t: [] for t in (1, 5, 9)}
+    kinds = [(t, lg) for t in (1, 5, 9) for lg in ((True, False) if a.split else (True,))]
+    times = {k: [] for k in kinds}
     for _ in range(a.rounds):
-        for t in times:
+        for t, lg in kinds:
             kv.set_length(slot, len(prompt))
             t0 = time.perf_counter()
-            runner.forward([slot], [prompt[:t]], row_exact=True)
-            times[t].append(time.perf_counter() - t0)
-    med = {t: statistics.median(v[2:]) for t, v in times.items()}
-    print(" ".join(f"v({t})={m * 1e3:.2f}ms" for t, m in med.items()),
-          f"v5/v1={med[5] / med[1]:.3f} v9/v1={med[9] / med[1]:.3f}")
+            runner.forward([slot], [prompt[:t]], row_exact=True, logits=lg)
+            times[(t, lg)].append(time.perf_counter() - t0)
+    med = {k: statistics.median(v[2:]) for k, v in times.items()}
+    print(" ".join(f"v({t})={med[(t, True)] * 1e3:.2f}ms" for t in (1, 5, 9)),
+          f"v5/v1={med[(5, True)] / med[(1, True)]:.3f} v9/v1={med[(9, True)] / med[(1, True)]:.3f}")
+    if a.split:
+        print(" ".join(f"layers({t})={med[(t, False)] * 1e3:.2f}ms head({t})={(med[(t, True)] - med[(t, False)]) * 1e3:.2f}ms"
+                       for t in (1, 5, 9)),
+              f"layers v5/v1={med[(5, False)] / med[(1, False)]:.3f}")
     return 0
 
 
