@@ -46,8 +46,8 @@ def main() -> int:
     print(" ".join(f"v({t})={med[(t, True)] * 1e3:.2f}ms" for t in (1, 5, 9)),
           f"v5/v1={med[(5, True)] / med[(1, True)]:.3f} v9/v1={med[(9, True)] / med[(1, True)]:.3f}")
     if a.split:
-        print(" ".join(f"layers({t})={med[(t, False)] * 1e3:.2f}ms head({t})={(med[(t, True)] - med[(t, False)]) * 1e3:.2f}ms"
-                       for t in (1, 5, 9)),
+        print(" ".join(f"layers({t})={med[(t, False)] * 1e3:.2f}ms "
+                       f"head({t})={(med[(t, True)] - med[(t, False)]) * 1e3:.2f}ms" for t in (1, 5, 9)),
               f"layers v5/v1={med[(5, False)] / med[(1, False)]:.3f}")
     return 0
 

@@ -841,3 +841,28 @@ python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --m
 python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --prompts $P --json-out out/r31_sb2.json
 python scripts/spec_bench_categories.py out/r31_sb2.json
 git worktree remove --force /tmp/wt_base && git worktree remove --force /tmp/wt_mid
+
+# ---- Round 32 (thirty-fifth session, Zen 4 host): captures inside the one native call; suffix's class priors ----
+# "before" is bb6d751 (round 31's last commit) in a second worktree, with this round's bench_interleaved.py
+git worktree add -f /tmp/wt_base bb6d751 && cp scripts/bench_interleaved.py /tmp/wt_base/scripts/
+for i in 1 2; do for tree in /tmp/wt_base $PWD; do (cd $tree && PYTHONPATH=$tree python scripts/bench_interleaved.py \
+  --spec-types none,auto:gate-closed --categories writing,roleplay --reps 3 --prompts $P); done; done
+python scripts/suffix_class_priors.py --prompts 160 --max-tokens 128  # the table in speculative/suffix.py
+python scripts/bench_interleaved.py --spec-types none,auto,auto:optimistic \
+  --categories roleplay,writing,qa,translation,math_reasoning,coding --reps 2 --prompts $P
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,auto,auto:optimistic \
+  --categories writing,roleplay --reps 4 --prompts $P
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --prompts $P --json-out out/r32_sb2.json
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r32_sb5.json
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-tokens 128 --temperature 0.7 --seed 0 \
+  --prompts $P --json-out out/r32_sb2_t07.json
+for f in out/r32_sb2.json out/r32_sb5.json out/r32_sb2_t07.json; do python scripts/spec_bench_categories.py $f; done
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
+  --theirs plain,ngram-mod --rounds 2 --json-out out/r32_vs_llamacpp.json
+# the verify curve, split into layers and LM head, before and now in turns
+cp scripts/bench_verify_curve.py /tmp/wt_base/scripts/
+for i in 1 2; do for tree in /tmp/wt_base $PWD; do (cd $tree && PYTHONPATH=$tree python scripts/bench_verify_curve.py \
+  --rounds 11 --split); done; done
+# two int32 accumulators per row in the AVX512 pass (a local edit of quant_gemm.c, not committed)
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2acc.c --stream --int4-only --rows 1,5,9
+git worktree remove --force /tmp/wt_base

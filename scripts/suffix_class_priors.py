@@ -79,7 +79,8 @@ def main() -> int:
     from specdecode.train.data import stdlib_files
     from specdecode.train.prompts import distill_prompts, general_prompts
 
-    prompts = distill_prompts(stdlib_files(), a.prompts // 2, a.seed) + general_prompts(a.prompts - a.prompts // 2, a.seed)
+    half = a.prompts // 2
+    prompts = distill_prompts(stdlib_files(), half, a.seed) + general_prompts(a.prompts - half, a.seed)
     counts = replay(answers(a.model, prompts, a.max_tokens, a.threads))
     print("class: drafts; per position hits/tries = rate")
     table = {}

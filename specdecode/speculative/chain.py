@@ -13,10 +13,10 @@ keeps a record per class, whose prior is the class's engine-wide record (``class
 requests as a model member's pool): a one-token match and a repeated paragraph are not one drafter's
 average, and how often each class is right is the drafter's trait, while a record of all its drafts
 would take its prior from requests whose matches were of another kind. A class pool starts from the
-drafter's measured acceptance for the class (``Proposer.evidence_prior``), not the optimistic prior. A class pool fades per finished
-request (CLASS_FADE), not per step: what it holds is a property of the drafter and the model, which a
-run of steps without releases (one long request, a batch whose requests all finish late) does not
-change; a class no request drafts any more still drifts back to the optimistic prior and is tried again.
+drafter's measured acceptance for the class (``Proposer.evidence_prior``), else the optimistic prior; it
+fades per finished request (CLASS_FADE), not per step: what it holds is a property of the drafter and the
+model, which a run of steps without releases (one long request, a batch whose requests all finish late)
+does not change; a class no request drafts any more still drifts back to that prior and is tried again.
 
 A draftless draft that is found but not verified (another member drafted, or the step decoded plainly)
 still counts in its record, as far as the step's emitted tokens show it right or wrong (``commit``: its
