@@ -859,6 +859,10 @@ python -m specdecode.cli bench -t $T --spec-types none,auto --limit 2 --max-toke
 for f in out/r32_sb2.json out/r32_sb5.json out/r32_sb2_t07.json; do python scripts/spec_bench_categories.py $f; done
 python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
   --theirs plain,ngram-mod --rounds 2 --json-out out/r32_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r32_vs_llamacpp_avx2.json
+python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
+for i in 1 2; do python scripts/bench_step_ratio.py --rounds 7; done
 # the verify curve, split into layers and LM head, before and now in turns
 cp scripts/bench_verify_curve.py /tmp/wt_base/scripts/
 for i in 1 2; do for tree in /tmp/wt_base $PWD; do (cd $tree && PYTHONPATH=$tree python scripts/bench_verify_curve.py \
