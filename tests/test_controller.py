@@ -179,7 +179,30 @@ def test_calibration_covers_every_short_draft_and_samples_long_ones():
     from specdecode.engine.draft_plan import calibration_points
 
     assert calibration_points(4) == [1, 2, 3, 4]
-    assert calibration_points(65) == list(range(1, 10)) + [12, 16, 24, 32, 48, 65]
+    assert calibration_points(65) == list(range(1, 10)) + [16, 32, 65]
+
+
+def test_calibration_measures_short_sizes_twice_and_long_ones_once():
+    """A fresh engine's calibration delays its first request: the long verify sizes, which cost the
+    most, are measured once (the short ones, where most decisions fall, best of two)."""
+    from specdecode import SamplingParams
+    from tiny_models import tiny_llm
+
+    llm = tiny_llm("ngram", ngram_size_m=16)  # drafts up to 16 tokens: verify sizes up to 17
+    eng = llm.engine
+    sizes = []
+    forward = eng.runner.forward
+
+    def counting(slots, tokens, *a, **k):
+        sizes.append(len(tokens[0]))
+        return forward(slots, tokens, *a, **k)
+
+    eng.runner.forward = counting
+    eng.planner.calibrate(eng.runner, eng.kv, eng.prefix_cache)
+    assert sizes == [32] + [t for t in range(1, 10) for _ in range(2)] + [16, 17]
+    assert sorted(t for b, t in eng.planner.costs.v) == list(range(1, 10)) + [16, 17]
+    out = llm.generate(list(range(5, 25)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    assert len(out[0].token_ids) == 8
 
 
 def test_draftless_drafters_have_their_own_caps():

@@ -16,11 +16,17 @@ from ..speculative.proposer import Proposer
 from .sequence import Sequence
 
 
+DENSE = 9  # verify sizes up to this are each calibrated (best of two): the usual drafts
+
+
 def calibration_points(t_max: int) -> list[int]:
-    """Verify sizes measured before the first decision: every size up to 9 (the usual drafts), then
-    sparser up to t_max (long copies); CostModel interpolates between them."""
-    dense = list(range(1, min(t_max, 9) + 1))
-    return dense + [t for t in (12, 16, 24, 32, 48) if 9 < t < t_max] + ([t_max] if t_max > 9 else [])
+    """Verify sizes measured before the first decision: every size up to DENSE, then 16, 32 and t_max
+    (long copies); CostModel interpolates between them. The calibration delays a fresh engine's first
+    request (every ``specdecode generate``), and the long sizes cost the most (a forward over 65 tokens
+    ~12 of one token's on a CPU), so they are few and measured once; the verify forwards that run them
+    refine their estimates."""
+    dense = list(range(1, min(t_max, DENSE) + 1))
+    return dense + [t for t in (16, 32) if DENSE < t < t_max] + ([t_max] if t_max > DENSE else [])
 
 
 class DraftPlanner:
@@ -95,4 +101,4 @@ class DraftPlanner:
             kv.set_length(slot, 32)
             for t in calibration_points(min(self.proposer.max_tokens, self.spec.max_draft_tokens) + 1):
                 self.costs.observe(1, t, self.timer.best_of(  # row_exact: as spec_step verifies one sequence
-                    lambda: runner.forward([slot], [[0] * t], row_exact=True), reps=2))
+                    lambda: runner.forward([slot], [[0] * t], row_exact=True), reps=2 if t <= DENSE else 1))
