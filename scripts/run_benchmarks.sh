@@ -863,6 +863,9 @@ SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama
   --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r32_vs_llamacpp_avx2.json
 python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
 for i in 1 2; do python scripts/bench_step_ratio.py --rounds 7; done
+# a fresh engine's calibration, end to end (before and after b547220)
+for i in 1 2; do for st in none auto; do /usr/bin/time -f "$st wall %e s" specdecode generate --chat \
+  "Write a Python function that checks whether a number is prime." --max-tokens 64 --temperature 0 --spec-type $st; done; done
 # the verify curve, split into layers and LM head, before and now in turns
 cp scripts/bench_verify_curve.py /tmp/wt_base/scripts/
 for i in 1 2; do for tree in /tmp/wt_base $PWD; do (cd $tree && PYTHONPATH=$tree python scripts/bench_verify_curve.py \
