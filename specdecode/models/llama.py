@@ -67,9 +67,8 @@ class LlamaModel(nn.Module):
         fused = self._native.begin(ctx, x, cos, sin)  # one native call for the layers where it applies
         if fused is not None:
             x = fused.pack(x)  # a copy, updated in place layer by layer (ragged batches: packed rows)
-            n = len(self.layers)
-            bufs = {i: torch.empty_like(x) for i in sorted(ctx.capture_layers) if 0 <= i < n}
-            fused.layers(0, n, x, bufs)  # one native call; the captured layers' outputs land in bufs
+            bufs = {i: torch.empty_like(x) for i in ctx.capture_layers if 0 <= i < len(self.layers)}
+            fused.layers(x, bufs)  # one native call; the captured layers' outputs land in bufs
             ctx.captured.update({i: fused.unpack(b) for i, b in bufs.items()})
             return self.norm(fused.unpack(x))
         for i, layer in enumerate(self.layers):

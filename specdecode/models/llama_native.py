@@ -125,9 +125,11 @@ class NativeForward:
         return one.run(kv, model, slot, token, position, capture)
 
 
-def capture_pointers(n: int, bufs: dict[int, torch.Tensor]) -> ctypes.Array:
+def capture_pointers(n: int, bufs: dict[int, torch.Tensor]) -> ctypes.Array | None:
     """The native decoder_layers' capture argument for layers 0 .. n - 1: bufs[i]'s address at entry i
-    (each a contiguous float32 tensor of the activation's shape), NULL elsewhere."""
+    (each a contiguous float32 tensor of the activation's shape), NULL elsewhere; None for no buffers."""
+    if not bufs:
+        return None
     out = (ctypes.c_void_p * n)()
     for i, b in bufs.items():
         out[i] = b.data_ptr()
@@ -184,12 +186,12 @@ class _Batch:
         out.view(-1, x.shape[-1])[self.pos.long()] = x
         return out
 
-    def layers(self, first: int, stop: int, x: torch.Tensor, capture: dict[int, torch.Tensor] | None = None) -> None:
-        """x float32 contiguous (from pack), owned by the caller, becomes the output of decoder layers
-        first .. stop - 1, run in one native call; capture {layer: a tensor shaped as x}: each receives
-        that layer's output."""
-        self.nk.decoder_layers(self.structs, *self.caches, first, stop, self.batch, x, self.scratch,
-                               capture_pointers(len(self.ops), capture) if capture else None)
+    def layers(self, x: torch.Tensor, capture: dict[int, torch.Tensor]) -> None:
+        """x float32 contiguous (from pack), owned by the caller, becomes the output of the decoder layers,
+        run in one native call; capture {layer: a tensor shaped as x}: each receives that layer's output."""
+        n = len(self.ops)
+        self.nk.decoder_layers(self.structs, *self.caches, 0, n, self.batch, x, self.scratch,
+                               capture_pointers(n, capture))
 
 
 class _OneToken:
@@ -228,7 +230,7 @@ class _OneToken:
         n = len(self.ops)
         captured = {i: torch.empty(1, 1, x.shape[-1]) for i in capture if 0 <= i < n}
         self.nk.decoder_layers(self.structs, *self.caches, 0, n, self.batch, x, self.scratch,
-                               capture_pointers(n, captured) if captured else None)
+                               capture_pointers(n, captured))
         if self.norm is None:
             return model.norm(x.view(1, 1, -1)), captured
         return self.nk.rmsnorm(x, *self.norm).view(1, 1, -1), captured
