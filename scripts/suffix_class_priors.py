@@ -4,9 +4,9 @@ ones (train/prompts.py: tasks about standard-library files and general-domain pr
 
 The target answers every prompt greedily (max_tokens each; ``auto`` with 8 slots, whose output is plain
 greedy decoding's). Then the answers are replayed, one request after another, through a fresh suffix
-cache set up as the engine sets it: at every output position the cache drafts from the request's prompt
-and output so far and from the earlier answers, and the draft (a tree, at most the suffix cap deep) is
-matched against what the target went on to emit. Per evidence class, position i counts as tried when
+proposer: at every output position it drafts from the request's prompt and output so far and from the
+earlier answers, and the draft (a tree, at most the suffix cap deep) is matched against what the target
+went on to emit. Per evidence class, position i counts as tried when
 positions 1 .. i-1 were right, as the controller's records count it (speculative/controller.py), so the
 printed rates are its per-position acceptances given the earlier ones.
 
@@ -37,33 +37,28 @@ def answers(model: str, prompts: list[str], max_tokens: int, threads: int) -> li
 
 
 def replay(pairs: list[tuple[list[int], list[int]]]) -> dict[int, list[list[int]]]:
-    """{class: [[tries, hits] per position]} over every output position of every answer, in order."""
-    from arctic_inference.suffix_decoding import SuffixDecodingCache
+    """{class: [[tries, hits] per position]} over every output position of every answer, in order, drafted by
+    the engine's own suffix proposer (so the drafts and their classes are exactly the engine's)."""
+    from types import SimpleNamespace
 
     from specdecode.config import SpecConfig
-    from specdecode.speculative.suffix import _tree, evidence
+    from specdecode.speculative.suffix import SuffixProposer
 
-    spec = SpecConfig(spec_type="suffix")
-    depth = spec.suffix_max_tree_depth
-    cache = SuffixDecodingCache(max_tree_depth=depth, max_cached_requests=spec.suffix_max_cached_requests)
+    prop = SuffixProposer(SpecConfig(spec_type="suffix"))
     counts: dict[int, list[list[int]]] = collections.defaultdict(lambda: [[0, 0] for _ in range(POSITIONS)])
-    for rid, (prompt, out) in enumerate(pairs):
-        cache.start_request(rid, prompt)
+    for prompt, out in pairs:
+        seq = SimpleNamespace(draft_state=None, prompt_ids=prompt, tokens=list(prompt))
         for t in range(len(out) - 1):  # the root is out[t]; the draft continues after it
-            cache.add_active_response(rid, out[t:t + 1])
-            tokens = prompt + out[:t + 1]
-            k = min(depth, len(out) - t - 1)
-            d = cache.speculate(rid, tokens[-depth:], max_spec_tokens=k, max_spec_factor=spec.suffix_max_spec_factor,
-                                min_token_prob=spec.suffix_min_token_prob, use_tree_spec=True)
-            tree = _tree(list(d.token_ids), list(d.parents), k)
+            seq.tokens = prompt + out[:t + 1]
+            tree = prop.propose([seq], [min(prop.max_tokens, len(out) - t - 1)])[0]
             if not len(tree):
                 continue
             right = tree.match(out[t + 1:])
-            rows = counts[evidence(d.match_len, d.probs[0])]
+            rows = counts[tree.evidence]
             for i in range(min(max(tree.depths()), right + 1, POSITIONS)):
                 rows[i][0] += 1
                 rows[i][1] += i < right
-        cache.stop_request(rid)
+        prop.release(seq)  # its answer joins the cache's global tree
     return counts
 
 
