@@ -56,7 +56,8 @@ class MTPLayer(DecoderLayer):
         self.hnorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.eh_proj = make_linear(2 * c.hidden_size, c.hidden_size, bias=False)
         self.shared_head = SharedHead(cfg)
-        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size) if cfg.own_embed else None
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size, _weight=torch.empty(c.vocab_size, c.hidden_size)) \
+            if cfg.own_embed else None  # _weight: no random init (the loader fills it; see LlamaModel)
 
     def fuse(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """embeds [B, T, H] of t_{i+1}, hidden [B, T, H] h_i -> block input [B, T, H]."""
