@@ -72,6 +72,10 @@ def add_spec_args(p: argparse.ArgumentParser) -> None:
                         "(--spec-head or the bundled head) when there is one, full keeps all")
     p.add_argument("--draft-fixed", action="store_true",
                    help="always draft each drafter's most tokens (--draft-max for models; no cost model)")
+    p.add_argument("--no-calibration-cache", dest="calibration_cache", action="store_false",
+                   default=_SPEC["calibration_cache"],
+                   help="measure the target's verify costs afresh instead of starting from the curve an earlier "
+                        "run measured for this model file on this machine")
     p.add_argument("--spec-merge", default=_SPEC["spec_merge"], choices=("auto", "always", "off"),
                    help="a chain (auto, a list) verifies a head's or draft model's draft and an n-gram or suffix "
                         "draft as one tree: auto when that pays, always, or off")

@@ -25,6 +25,9 @@ class SpecConfig:
     draft_min: int = 0  # --draft-min: fewer useful draft tokens than this -> do not draft
     draft_p_min: float = 0.75  # --draft-p-min: stop a greedy draft when its top probability falls below
     draft_fixed: bool = False  # --draft-fixed: always draft draft_max tokens (experiments; no cost model)
+    # --no-calibration-cache: measure the target's verify costs afresh in every engine instead of starting
+    # from the curve an earlier engine measured for the same model file on this machine (engine/calibration_cache.py)
+    calibration_cache: bool = True
     # --spec-merge: a chain verifies a model member's draft and a draftless one's as one tree: auto (when
     # the controller finds it pays), always (whenever both have one; with --draft-fixed too), off
     spec_merge: str = "auto"

@@ -13,6 +13,7 @@ from ..runtime.timer import Timer
 from ..speculative.controller import CostModel, best_rate, choose_batch_draft_length
 from ..speculative.gate import SpeculationGate
 from ..speculative.proposer import Proposer
+from .calibration_cache import CalibrationCache
 from .sequence import Sequence
 
 
@@ -30,8 +31,9 @@ def calibration_points(t_max: int) -> list[int]:
 
 
 class DraftPlanner:
-    def __init__(self, spec: SpecConfig, proposer: Proposer, timer: Timer):
+    def __init__(self, spec: SpecConfig, proposer: Proposer, timer: Timer, cache: CalibrationCache | None = None):
         self.spec, self.proposer, self.timer = spec, proposer, timer
+        self.cache = cache  # where an earlier engine's calibration of this model is kept (None: measure)
         self.costs = CostModel()  # v(batch, rows): calibrated once, then every verify forward's time
         self.gate = SpeculationGate()
         self.gated_steps = 0  # steps the gate made plain (speculation lost at their batch size)
@@ -88,17 +90,29 @@ class DraftPlanner:
 
     def calibrate(self, runner, kv, prefix_cache) -> None:
         """Measures the target's forward cost over t = 1..K+1 tokens once, on a scratch slot, so the
-        controller has a cost curve before its first decision (later steps refine it online)."""
+        controller has a cost curve before its first decision (later steps refine it online). With a
+        cache, a saved curve that v(1) measured now confirms is taken instead, and a measured one saved."""
         if self.calibrated or self.spec.spec_type == "none" or self.spec.draft_fixed:
             return
         self.calibrated = True
         if not kv.free_slots:
             return
+        points = calibration_points(min(self.proposer.max_tokens, self.spec.max_draft_tokens) + 1)
+        curve = self.cache.load(points) if self.cache is not None else None
         with kv.scratch_slot() as slot:
             if prefix_cache is not None:
                 prefix_cache.invalidate(slot)  # overwritten below
             runner.forward([slot], [[0] * 32], logits=False)
             kv.set_length(slot, 32)
-            for t in calibration_points(min(self.proposer.max_tokens, self.spec.max_draft_tokens) + 1):
-                self.costs.observe(1, t, self.timer.best_of(  # row_exact: as spec_step verifies one sequence
-                    lambda: runner.forward([slot], [[0] * t], row_exact=True), reps=2 if t <= DENSE else 1))
+
+            def measure(t: int) -> float:  # row_exact: as spec_step verifies one sequence
+                return self.timer.best_of(lambda: runner.forward([slot], [[0] * t], row_exact=True),
+                                          reps=2 if t <= DENSE else 1)
+
+            v1 = measure(1)
+            if curve is None or not self.cache.usable(curve, v1):
+                curve = {t: v1 if t == 1 else measure(t) for t in points}
+                if self.cache is not None:
+                    self.cache.save(curve)
+        for t in points:
+            self.costs.observe(1, t, curve[t])

@@ -29,6 +29,7 @@ from ..speculative import make_proposer
 from ..speculative.controller import AcceptanceEstimate
 from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
+from .calibration_cache import engine_cache
 from .draft_plan import DraftPlanner
 from .prefix_cache import PrefixCache
 from .prompt_store import PromptStore
@@ -72,9 +73,10 @@ class Engine:
         for flag, quant in (("--quant", cfg.quant), ("--quant-draft", cfg.spec.quant_draft)):
             if quant not in ("auto",) + format_names():
                 raise InvalidRequestError(f"unknown {flag} {quant!r} (choose from auto, {', '.join(format_names())})")
+        path = None  # the model file, where the engine loads it (tests hand in small models)
         if model is None:
-            model, tokenizer = load_checkpoint(resolve_model(cfg.model), self.dtype, self.device,
-                                               weight_quant(cfg.quant, self.device))
+            path = resolve_model(cfg.model)
+            model, tokenizer = load_checkpoint(path, self.dtype, self.device, weight_quant(cfg.quant, self.device))
         self.model, self.tokenizer = model, tokenizer
         mc = model.cfg
         self.max_model_len = min(cfg.max_model_len, mc.max_position_embeddings)
@@ -104,7 +106,9 @@ class Engine:
         self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
                              cfg.kv_cache_dtype, backend)
         self.proposer = make_proposer(cfg.spec, self.target, draft)
-        self.planner = DraftPlanner(cfg.spec, self.proposer, self.timer)
+        costs = engine_cache(path, model.quant, self.dtype, self.kv.k.dtype, self.device, backend.name) \
+            if path is not None and cfg.spec.calibration_cache else None
+        self.planner = DraftPlanner(cfg.spec, self.proposer, self.timer, costs)
         # a model drafter's engine-wide record, each request's prior (controller.py; None: draftless)
         self.acceptance = None if self.proposer.draftless else AcceptanceEstimate(prior=self.proposer.prior_acceptance)
         self.waiting: deque[Sequence] = deque()

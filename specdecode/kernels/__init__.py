@@ -86,6 +86,7 @@ class NativeKernels:
     """The loaded library. Both GEMMs take x float32 contiguous [R, K] and return float32 [R, N]."""
     lib: ctypes.CDLL
     isa: str
+    build: str  # the library's file name: a hash of its sources, flags, compiler and CPU
 
     def int4_gemm(self, x: torch.Tensor, packed: torch.Tensor, sub: torch.Tensor, sup: torch.Tensor, n: int,
                   group_size: int) -> torch.Tensor:
@@ -198,7 +199,8 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
     if cc is None:
         raise RuntimeError("no C compiler found")
-    lib = ctypes.CDLL(str(_build(cc, [*_FLAGS, *extra_flags])))
+    path = _build(cc, [*_FLAGS, *extra_flags])
+    lib = ctypes.CDLL(str(path))
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.specdecode_int4_gemm.argtypes = [p, i, i, i, i, p, p, p, p, p, p, p, i]
     lib.specdecode_int4_gemm.restype = None
@@ -220,7 +222,7 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_sample_rows.argtypes = [p, p, i, i, ctypes.c_long, p, p, i]
     lib.specdecode_sample_rows.restype = None
     lib.specdecode_isa.restype = ctypes.c_char_p
-    return NativeKernels(lib, lib.specdecode_isa().decode())
+    return NativeKernels(lib, lib.specdecode_isa().decode(), path.name)
 
 
 @lru_cache(maxsize=1)

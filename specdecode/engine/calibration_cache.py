@@ -1,0 +1,111 @@
+"""The target's calibrated verify cost curve, kept on disk from one engine to the next.
+
+Before its first decision an engine with a drafter measures the target's forward over t = 1..K+1
+tokens (DraftPlanner.calibrate): ~1.5 s for the 1.5B int4 on a 2-core CPU, paid by every fresh engine
+(each ``specdecode generate``) for a curve that is the same from run to run on one machine. So the curve
+is saved under a key of what it depends on (``calibration_key``: the model file, its weight format, the
+activation and KV types, the attention backend, the thread count, the native kernels' build, the CPU,
+specdecode's version) and the next engine with that key starts from it.
+
+A saved curve is checked before it is used: the engine measures v(1) and takes the curve only if the
+saved v(1) is within DRIFT of that; otherwise (the host busier or idler than when it was saved, or a
+change the key does not see) it measures the whole curve again and saves that one. Either way every
+verify forward refines the curve online afterwards (controller.CostModel), as it refines a measured one.
+A cache that cannot be read or written is no error: the engine measures, as it would without one."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DRIFT = 1.25  # a saved curve is used while the saved v(1) is within this factor of the measured one
+VERSION = 1  # of the file's layout
+
+
+def _cpu() -> str:
+    """The CPU's model name (the kernels' build covers the CPU only where the native kernels load)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("specdecode")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
+def calibration_key(model_path: str | Path, **parts) -> dict:
+    """What a cost curve depends on: the model file (path, size, modification time: a replaced file is
+    another model), the CPU, specdecode's version and ``parts`` (weight format, types, backend,
+    threads, kernels' build, calibration sizes: whatever the engine runs the model with)."""
+    path = Path(model_path).resolve()
+    st = path.stat()
+    return {"model": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "cpu": _cpu(),
+            "specdecode": _version(), "layout": VERSION, **{k: parts[k] for k in sorted(parts)}}
+
+
+class CalibrationCache:
+    """One key's saved curve: {verify tokens t: seconds of a one-sequence forward over t tokens}."""
+
+    def __init__(self, key: dict, directory: str | Path):
+        self.key = key
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+        self.path = Path(directory) / f"{digest}.json"
+
+    def load(self, points: list[int]) -> dict[int, float] | None:
+        """The saved curve if it was saved under this key and holds every size in ``points``, else None."""
+        try:
+            data = json.loads(self.path.read_text())
+            curve = {int(t): float(s) for t, s in data["curve"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return None
+        if data.get("key") != self.key or any(t not in curve or not curve[t] > 0 for t in points):
+            return None
+        return curve
+
+    def usable(self, curve: dict[int, float], v1: float) -> bool:
+        """Whether a saved curve agrees with v(1) measured now (seconds)."""
+        return curve[1] / DRIFT <= v1 <= curve[1] * DRIFT
+
+    def save(self, curve: dict[int, float]) -> None:
+        """Writes the curve atomically (a concurrent engine reads the old file or the new one, whole)."""
+        tmp = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".json", dir=self.path.parent)
+            with os.fdopen(fd, "w") as f:
+                json.dump({"key": self.key, "curve": {str(t): s for t, s in sorted(curve.items())}}, f, indent=1)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.debug("cost curve not saved to %s: %s", self.path, exc)
+            if tmp is not None and os.path.exists(tmp):
+                os.unlink(tmp)
+
+
+def engine_cache(model_path: str | Path, quant: str, dtype, kv_dtype, device, attention: str) -> CalibrationCache:
+    """The cache of an engine that runs the model file at ``model_path`` with these weights (quant),
+    types and attention backend, on this process's threads and native kernels."""
+    import torch
+
+    from ..kernels import native_kernels
+    from ..store import cache_dir
+
+    native = native_kernels()
+    dev = torch.device(device)
+    key = calibration_key(model_path, quant=quant, dtype=str(dtype), kv_dtype=str(kv_dtype), attention=attention,
+                          device=torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type,
+                          threads=torch.get_num_threads(), kernels=native.build if native else None)
+    return CalibrationCache(key, cache_dir() / "costs")
