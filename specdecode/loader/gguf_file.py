@@ -66,7 +66,22 @@ class _Reader:
         if etype in _NUMERIC:  # numeric arrays (token scores, types) stay numpy, read in one go
             dt = _NUMERIC[etype]
             return np.frombuffer(self.buf, dt, count, self.skip(count * dt.itemsize)).copy()
+        if etype == 8:
+            return self.strings(count)
         return [self.value(etype) for _ in range(count)]
+
+    def strings(self, count: int) -> list[str]:
+        """``string`` count times, in one loop: a vocabulary and its merges are ~300k strings, and a
+        call per string was most of a file's parse."""
+        buf, pos, end, unpack = self.buf, self.pos, len(self.buf), _U64.unpack_from
+        out = []
+        for _ in range(count):
+            if pos + 8 > end or pos + 8 + (n := unpack(buf, pos)[0]) > end:
+                raise ModelFileError(f"{self.path}: truncated or corrupt GGUF header")
+            out.append(buf[pos + 8:pos + 8 + n].decode("utf-8", errors="surrogateescape"))
+            pos += 8 + n
+        self.pos = pos
+        return out
 
 
 class GGUFFile:
