@@ -25,7 +25,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-DRIFT = 1.25  # a saved curve is used while the saved v(1) is within this factor of the measured one
+DRIFT = 1.5  # a saved curve is used while its v(1) is within this factor of the one measured now
 VERSION = 1  # of the file's layout
 
 
