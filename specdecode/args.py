@@ -23,6 +23,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-cache-dtype", default=_ENG["kv_cache_dtype"],
                    help="auto | float32 | bfloat16 | float16 (auto: bfloat16 for quantized weights on CPU)")
     p.add_argument("--threads", "-t", type=int, default=_ENG["threads"])
+    p.add_argument("--no-weight-cache", dest="weight_cache", action="store_false", default=_ENG["weight_cache"],
+                   help="convert a quantized GGUF's weights at every load instead of reading the converted copy "
+                        "an earlier load saved under ~/.cache/specdecode/weights")
     p.add_argument("--ctx-size", "-c", dest="max_model_len", type=int, default=_ENG["max_model_len"])
     p.add_argument("--attention-backend", default=_ENG["attention_backend"],
                    help="auto (cpu-native, batch-invariant, on a CPU where the native kernels build; else "

@@ -108,6 +108,9 @@ class EngineConfig:
     # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.
     kv_cache_dtype: str = "auto"
     threads: int | None = None  # torch CPU threads; None = torch's default
+    # --no-weight-cache: convert a quantized GGUF's weights at every load instead of reading the converted
+    # copy an earlier load saved under ~/.cache/specdecode/weights (loader/weight_cache.py)
+    weight_cache: bool = True
     # runtime/attention: how queries meet the KV cache; auto = cpu-native (batch-invariant) on a CPU
     # where the native kernels build, else torch-sdpa
     attention_backend: str = "auto"

@@ -89,7 +89,8 @@ def build_llms(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]]) ->
             key = (spec.model_draft, spec.quant_draft)
             if key not in drafts:
                 drafts[key] = load_checkpoint(resolve_model(spec.model_draft), base.engine.dtype,
-                                              base.engine.device, weight_quant(spec.quant_draft, base.engine.device))
+                                              base.engine.device, weight_quant(spec.quant_draft, base.engine.device),
+                                              engine_cfg.weight_cache)
             draft = drafts[key]
         llms[label] = LLM(engine_config=replace(engine_cfg, spec=spec), _model=model, _tokenizer=tok, _draft=draft)
     return llms

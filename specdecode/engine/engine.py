@@ -76,7 +76,8 @@ class Engine:
         path = None  # the model file, where the engine loads it (tests hand in small models)
         if model is None:
             path = resolve_model(cfg.model)
-            model, tokenizer = load_checkpoint(path, self.dtype, self.device, weight_quant(cfg.quant, self.device))
+            model, tokenizer = load_checkpoint(path, self.dtype, self.device, weight_quant(cfg.quant, self.device),
+                                               cfg.weight_cache)
         self.model, self.tokenizer = model, tokenizer
         mc = model.cfg
         self.max_model_len = min(cfg.max_model_len, mc.max_position_embeddings)
@@ -104,7 +105,7 @@ class Engine:
         self.prefix_cache = PrefixCache(self.kv, store) if cfg.enable_prefix_caching else None
         self.timer = Timer(self.device)
         self.target = Target(model, tokenizer, self.kv, self.device, self.dtype, self.timer, cfg.model,
-                             cfg.kv_cache_dtype, backend)
+                             cfg.kv_cache_dtype, backend, cfg.weight_cache)
         self.proposer = make_proposer(cfg.spec, self.target, draft)
         costs = engine_cache(path, model.quant, self.dtype, self.kv.k.dtype, self.device, backend.name) \
             if path is not None and cfg.spec.calibration_cache else None

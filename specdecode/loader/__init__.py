@@ -10,9 +10,12 @@ from ..errors import ModelFileError
 from ..models import build_model
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.device, quant: str = "none"):
+def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.device, quant: str = "none",
+                    weight_cache: bool = False):
     """Returns (model, tokenizer). ``path`` is a local .gguf file or a model directory; ``quant`` is
-    none | int8 | int4 | auto (auto: the closest to a GGUF file's own bit width; none for HF dirs)."""
+    none | int8 | int4 | auto (auto: the closest to a GGUF file's own bit width; none for HF dirs).
+    weight_cache: a quantized GGUF model on the CPU is read from its converted copy under the cache
+    directory (store.cache_dir() / "weights"), or converted and saved there (weight_cache.py)."""
     from ..tokenizer import Tokenizer
 
     path = Path(path)
@@ -29,8 +32,14 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype, device: str | torch.de
     from .gguf_file import GGUFFile
     from .gguf_loader import load_gguf_model
 
+    cache = None
+    if weight_cache and torch.device(device).type == "cpu":
+        from ..store import cache_dir
+        from .weight_cache import WeightCache
+
+        cache = WeightCache(path, cache_dir() / "weights")
     f = GGUFFile(path)  # parsed once, for the weights and the tokenizer
-    model, tok = load_gguf_model(f, dtype, device, quant), Tokenizer.from_gguf(f)
+    model, tok = load_gguf_model(f, dtype, device, quant, cache), Tokenizer.from_gguf(f)
     release_free_heap()
     return model, tok
 

@@ -282,9 +282,10 @@ def file_embedding(f: GGUFFile, dtype: torch.dtype):
 
 
 def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                    quant: str = "none"):
+                    quant: str = "none", cache=None):
     """A LlamaModel with the weights of a GGUF file: dequantized to dtype (quant none), or requantized
-    to int8 / int4 row range by row range (never a whole float copy of a large tensor)."""
+    to int8 / int4 row range by row range (never a whole float copy of a large tensor). ``cache``: a
+    weight_cache.WeightCache that a quantized model is read from, or saved to once converted."""
     f = open_gguf(source)
     cfg = read_gguf_config(f)
     if quant == "auto":
@@ -299,5 +300,9 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
     # int4 layers take the file's own 4-bit codes and scales; every other consumer dequantizes them
     weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None, skip=skip,
                                 int4=quant != "none")
+    if quant != "none" and cache is not None and cache.fill(model):
+        return model
     model.load_weights(weights)
+    if quant != "none" and cache is not None:
+        cache.save(model)
     return model

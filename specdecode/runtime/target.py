@@ -29,7 +29,8 @@ class ReadOnlyPrefix:
 class Target:
     """The target as drafters see it. model: forward(ids, positions) under a Context, compute_logits,
     embed_tokens, cfg; kv: its cache (drafters read it, never write it); name: EngineConfig.model
-    (where a drafter looks for its head); kv_cache_dtype: EngineConfig.kv_cache_dtype."""
+    (where a drafter looks for its head); kv_cache_dtype, weight_cache: EngineConfig's (a draft model
+    is loaded as the target was)."""
 
     model: Any
     tokenizer: Any
@@ -40,6 +41,7 @@ class Target:
     name: str
     kv_cache_dtype: str = "auto"
     attention: Any = None  # the AttentionBackend the target runs on (None = the default)
+    weight_cache: bool = False
 
     def kv_dtype(self, quant: str) -> torch.dtype:
         """The cache element type for a drafter model whose linears are ``quant``."""

@@ -72,7 +72,7 @@ class DraftModelProposer(Proposer):
 
         if model is None:
             model, tokenizer = load_checkpoint(resolve_model(spec.model_draft), target.dtype, target.device,
-                                               weight_quant(spec.quant_draft, target.device))
+                                               weight_quant(spec.quant_draft, target.device), target.weight_cache)
         check_vocab_compatible(target.tokenizer, tokenizer)
         self.spec, self.model = spec, model
         self.target_vocab = target.model.cfg.vocab_size

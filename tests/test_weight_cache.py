@@ -1,0 +1,91 @@
+"""A quantized GGUF model's converted weights, saved by one load and read by the next
+(loader/weight_cache.py): the same tensors bit for bit, and converted afresh whenever the file, the
+format or the entry itself changed."""
+import os
+
+import pytest
+import torch
+
+from gguf_fixtures import Q, write_gguf
+from specdecode.loader.gguf_loader import load_gguf_model
+from test_gguf_loader import our_logits
+from specdecode.loader.weight_cache import WeightCache
+from specdecode.models.llama import LlamaModel
+from tiny_models import hf_model
+
+K_MODEL = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "head_dim": 64}
+
+
+@pytest.fixture
+def gguf_path(tmp_path):
+    """A Q4_K_M-like file: Q4_K decoder, Q6_K head."""
+    path = tmp_path / "m.gguf"
+    write_gguf(hf_model("llama", dtype=torch.float64, **K_MODEL), path,
+               lambda name: Q.Q6_K if name == "lm_head.weight" else Q.Q4_K)
+    return path
+
+
+def no_conversion(monkeypatch):
+    """Makes converting from the file an error: a load must come from the cache."""
+    def refuse(self, weights):
+        raise AssertionError("converted from the file")
+    monkeypatch.setattr(LlamaModel, "load_weights", refuse)
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+def test_a_cached_load_holds_the_converted_tensors(tmp_path, gguf_path, monkeypatch, quant):
+    cache = WeightCache(gguf_path, tmp_path / "weights")
+    converted = load_gguf_model(gguf_path, torch.float32, quant=quant, cache=cache)
+    assert len(list((tmp_path / "weights").glob(f"m-{quant}-*.safetensors"))) == 1
+    with monkeypatch.context() as m:
+        no_conversion(m)
+        cached = load_gguf_model(gguf_path, torch.float32, quant=quant, cache=cache)
+    a, b = converted.state_dict(), cached.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    ids = torch.tensor([[5, 3, 9, 100, 7]])
+    assert torch.equal(our_logits(converted, ids), our_logits(cached, ids))
+
+
+def test_a_replaced_file_is_converted_again_and_its_old_entry_dropped(tmp_path, gguf_path, monkeypatch):
+    cache = WeightCache(gguf_path, tmp_path / "weights")
+    load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    (old,) = (tmp_path / "weights").glob("m-int4-*")
+    st = os.stat(gguf_path)
+    os.utime(gguf_path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    calls = []
+    real = LlamaModel.load_weights
+    monkeypatch.setattr(LlamaModel, "load_weights", lambda self, w: calls.append(1) or real(self, w))
+    load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    (new,) = (tmp_path / "weights").glob("m-int4-*")
+    assert calls == [1] and new != old
+
+
+def test_a_broken_entry_is_converted_from_the_file(tmp_path, gguf_path):
+    cache = WeightCache(gguf_path, tmp_path / "weights")
+    ref = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    (entry,) = (tmp_path / "weights").glob("m-int4-*")
+    entry.write_bytes(entry.read_bytes()[:1000])  # cut short
+    again = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    assert all(torch.equal(t, again.state_dict()[n]) for n, t in ref.state_dict().items())
+    assert entry.stat().st_size > 1000  # saved whole again
+
+
+def test_the_engine_keeps_converted_weights_only_when_asked(tmp_path, monkeypatch):
+    from specdecode import LLM, SamplingParams
+    from specdecode.store import resolve_model
+
+    try:
+        path = str(resolve_model("smollm2-135m-instruct", quiet=True))
+    except Exception as e:  # no network: optional
+        pytest.skip(f"SmolLM2 GGUF unavailable: {type(e).__name__}")
+    monkeypatch.setenv("SPECDECODE_HOME", str(tmp_path / "home"))
+    weights = tmp_path / "home" / "weights"
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    opts = dict(spec_type="none", max_model_len=64, max_num_seqs=1)
+    off = LLM(path, weight_cache=False, **opts).generate([[5, 6, 7]], params)
+    assert not weights.exists()
+    LLM(path, **opts).generate([[5, 6, 7]], params)
+    assert len(list(weights.glob("smollm2-135m-instruct-int4-*.safetensors"))) == 1
+    no_conversion(monkeypatch)
+    on = LLM(path, **opts).generate([[5, 6, 7]], params)
+    assert on[0].token_ids == off[0].token_ids
