@@ -24,6 +24,7 @@ import torch
 
 from ..errors import ModelFileError
 from ..layers.quant import quantize_int8
+from ..models import uninitialised
 from ..models.config import ModelConfig, RopeScaling
 from ..models.eagle import EagleConfig, EagleHead, default_aux_layers
 from .hf import rope_scaling_from_dict
@@ -141,9 +142,10 @@ def load_head(path: str | Path, target: ModelConfig, dtype: torch.dtype = torch.
     if cfg.kind == "eagle" and "fc.bias" in tensors:
         cfg = replace(cfg, fc_bias=True)
     _check_target(path, cfg, target)
-    head = EagleHead(cfg)
+    head = uninitialised(lambda: EagleHead(cfg))  # every tensor is filled below (a missing one is an error)
     if "embed_tokens.weight" in tensors:
-        head.embed_tokens = torch.nn.Embedding(*tensors["embed_tokens.weight"].shape)
+        head.embed_tokens = torch.nn.Embedding(*tensors["embed_tokens.weight"].shape,
+                                               _weight=torch.empty(tensors["embed_tokens.weight"].shape))
     if cfg.kind == "eagle3" and "d2t" not in tensors:
         if cfg.draft_vocab_size != cfg.vocab_size:
             raise ModelFileError(f"{path}: reduced draft vocabulary without a d2t mapping")
