@@ -9,7 +9,7 @@ import torch
 from gguf_fixtures import Q, write_gguf
 from specdecode.loader.gguf_loader import load_gguf_model
 from test_gguf_loader import our_logits
-from specdecode.loader.weight_cache import WeightCache
+from specdecode.loader.weight_cache import KEEP, WeightCache
 from specdecode.models.llama import LlamaModel
 from tiny_models import hf_model
 
@@ -46,18 +46,22 @@ def test_a_cached_load_holds_the_converted_tensors(tmp_path, gguf_path, monkeypa
     assert torch.equal(our_logits(converted, ids), our_logits(cached, ids))
 
 
-def test_a_replaced_file_is_converted_again_and_its_old_entry_dropped(tmp_path, gguf_path, monkeypatch):
+def test_a_replaced_file_is_converted_again_and_the_least_recently_used_entries_dropped(tmp_path, gguf_path,
+                                                                                       monkeypatch):
     cache = WeightCache(gguf_path, tmp_path / "weights")
-    load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
-    (old,) = (tmp_path / "weights").glob("m-int4-*")
-    st = os.stat(gguf_path)
-    os.utime(gguf_path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    entries = []
     calls = []
     real = LlamaModel.load_weights
     monkeypatch.setattr(LlamaModel, "load_weights", lambda self, w: calls.append(1) or real(self, w))
-    load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
-    (new,) = (tmp_path / "weights").glob("m-int4-*")
-    assert calls == [1] and new != old
+    for i in range(KEEP + 1):  # the file replaced each time: a new entry
+        st = os.stat(gguf_path)
+        os.utime(gguf_path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+        (new,) = set((tmp_path / "weights").glob("m-int4-*")) - set(entries)
+        os.utime(new, ns=(10**18 + i * 10**9,) * 2)  # used in this order, a second apart
+        entries.append(new)
+    assert len(calls) == KEEP + 1
+    assert set((tmp_path / "weights").glob("m-int4-*")) == set(entries[1:])  # the least recently used went
 
 
 def test_a_broken_entry_is_converted_from_the_file(tmp_path, gguf_path):

@@ -5,9 +5,10 @@ the native kernels' tiles, its Q6_K and Q8_0 tensors requantized. That is ~6 s o
 load on a 2-core CPU, repeated by every ``specdecode generate`` for the same result. So the converted
 tensors (the model's state: ~0.9 GB for the 1.5B) are saved once as safetensors, under a key of what
 decides them (the model file, the weight format, the dtype, each layer's kernel, the conversion code
-itself), and the next load copies them in instead. One entry is kept per model file name and weight
-format: a new entry (the file or the code changed) replaces the old one. A cache that cannot be
-read or written is no error: the model is converted from the file, as without one."""
+itself), and the next load copies them in instead. Entries are kept per model file name and weight
+format, the KEEP most recently used (two installs of specdecode, or an A/B of two checkouts, do not
+evict each other at every load). A cache that cannot be read or written is no error: the model is
+converted from the file, as without one."""
 from __future__ import annotations
 
 import glob
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 # the code that decides the converted tensors: a change there is another conversion
 _CODE = ("layers", "kernels", "loader", "models")
+KEEP = 2  # entries kept per model file name and format (the most recently used)
 
 
 def _code_digest() -> str:
@@ -71,6 +73,7 @@ class WeightCache:
                     if t.shape != dst.shape or t.dtype != dst.dtype:
                         return False
                     dst.copy_(t)
+            os.utime(path)  # used: the last to be evicted
         except (OSError, ValueError, SafetensorError) as exc:
             log.debug("converted weights not read: %s", exc)
             return False
@@ -78,7 +81,8 @@ class WeightCache:
 
     def save(self, model: torch.nn.Module) -> None:
         """Saves the model's state (atomically: a concurrent load reads the old file or the new one)
-        and removes older entries for the same model file name and format."""
+        and removes the entries for the same model file name and format beyond the KEEP most recently
+        used."""
         from safetensors.torch import save_file
 
         tmp = None
@@ -92,9 +96,9 @@ class WeightCache:
                       metadata={"key": json.dumps(key, sort_keys=True)})
             os.replace(tmp, path)
             tmp = None
-            for old in self.directory.glob(f"{glob.escape(self.model_path.stem)}-{key['quant']}-*.safetensors"):
-                if old != path:
-                    old.unlink(missing_ok=True)
+            entries = self.directory.glob(f"{glob.escape(self.model_path.stem)}-{key['quant']}-*.safetensors")
+            for old in sorted(entries, key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
+                old.unlink(missing_ok=True)
         except OSError as exc:
             log.debug("converted weights not saved: %s", exc)
         finally:
