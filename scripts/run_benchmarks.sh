@@ -873,3 +873,15 @@ for i in 1 2; do for tree in /tmp/wt_base $PWD; do (cd $tree && PYTHONPATH=$tree
 # two int32 accumulators per row in the AVX512 pass (a local edit of quant_gemm.c, not committed)
 python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_2acc.c --stream --int4-only --rows 1,5,9
 git worktree remove --force /tmp/wt_base
+
+# ---- Round 33: `specdecode generate` end to end (converted weights and the cost curve kept on disk) ----
+git worktree add -f /tmp/wt_base 4704552
+python scripts/bench_startup.py --configs none,auto,none@/tmp/wt_base,auto@/tmp/wt_base --rounds 3
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_startup.py \
+  --configs none,auto,none@/tmp/wt_base,auto@/tmp/wt_base --rounds 2
+python scripts/bench_startup.py --configs none,auto --rounds 2 --cold
+# the engine's construction alone, before and now in turns
+for i in 1 2 3; do for tree in /tmp/wt_base $PWD; do (cd /tmp && PYTHONPATH=$tree python -c "
+import time; from specdecode import LLM; t = time.perf_counter()
+LLM('qwen2.5-coder-1.5b-instruct', spec_type='none'); print('$tree', time.perf_counter() - t)"); done; done
+git worktree remove --force /tmp/wt_base
