@@ -1,10 +1,11 @@
 """A target's verify cost curve saved by one engine and taken by the next (engine/calibration_cache.py):
-taken only under the same key and while v(1) measured now agrees with it; measured and saved again
-otherwise."""
+taken under the same key without a forward of its own, and discarded when the next engine's first
+verify forwards disagree with it, so that the engine after that measures its own."""
 import json
 import os
+from types import SimpleNamespace
 
-from specdecode.engine.calibration_cache import DRIFT, CalibrationCache, calibration_key, engine_cache
+from specdecode.engine.calibration_cache import CHECK_STEPS, DRIFT, CalibrationCache, calibration_key, engine_cache
 
 POINTS = list(range(1, 10)) + [16, 17]  # tiny_llm("ngram", ngram_size_m=16): verify sizes up to 17
 
@@ -31,35 +32,45 @@ class ScriptedHost:
 
 
 def calibrated(cache, scale=1.0):
-    """A fresh tiny engine's calibration with ``cache``: (forward sizes, the planner's curve)."""
+    """A fresh tiny engine's calibration with ``cache``: (forward sizes, the planner's curve, planner)."""
     from tiny_models import tiny_llm
 
     eng = tiny_llm("ngram", ngram_size_m=16).engine
     eng.planner.cache = cache
     host = ScriptedHost(eng, scale)
     eng.planner.calibrate(eng.runner, eng.kv, eng.prefix_cache)
-    return host.sizes, {t: s for (b, t), s in eng.planner.costs.v.items()}
+    return host.sizes, {t: s for (b, t), s in eng.planner.costs.v.items()}, eng.planner
 
 
-def test_the_next_engine_takes_the_saved_curve_after_one_check(tmp_path):
+def verify_steps(planner, tokens: int, seconds: float, n: int) -> None:
+    """n verify forwards of one sequence over ``tokens`` tokens, as the engine reports them."""
+    for _ in range(n):
+        timing = SimpleNamespace(verify_rows=tokens, verify_s=seconds, propose_s=0.0)
+        planner.observe(1, [], timing, 0.0, merged=False)
+
+
+def test_the_next_engine_takes_the_saved_curve_without_a_forward(tmp_path):
     cache = CalibrationCache({"model": "m", "threads": 2}, tmp_path)
     measured = [32] + [t for t in range(1, 10) for _ in range(2)] + [16, 17]
-    sizes, curve = calibrated(cache)
+    sizes, curve, _ = calibrated(cache)
     assert sizes == measured and curve == {t: 1e-3 * t for t in POINTS}
     assert cache.load(POINTS) == curve  # saved
-    sizes, again = calibrated(CalibrationCache({"model": "m", "threads": 2}, tmp_path))
-    assert sizes == [32, 1, 1] and again == curve  # v(1) checked, the rest read
+    sizes, again, planner = calibrated(CalibrationCache({"model": "m", "threads": 2}, tmp_path))
+    assert sizes == [] and again == curve  # read, nothing run before the first token
+    verify_steps(planner, 3, 1e-3 * 3 * DRIFT * 0.9, CHECK_STEPS)  # slower, but within DRIFT: kept
+    assert cache.load(POINTS) == curve
 
 
-def test_a_curve_that_v1_now_contradicts_is_measured_again_and_replaced(tmp_path):
+def test_a_curve_the_first_forwards_contradict_is_discarded(tmp_path):
     cache = CalibrationCache({"model": "m"}, tmp_path)
     calibrated(cache)
-    slower = DRIFT * 1.1  # the host got slower than the saved curve says
-    sizes, curve = calibrated(cache, scale=slower)
-    assert len(sizes) == 1 + 2 * 9 + 2 and curve == {t: slower * 1e-3 * t for t in POINTS}
-    assert cache.load(POINTS) == curve
-    sizes, _ = calibrated(cache, scale=DRIFT * 1.0)  # within DRIFT of the new one: taken
-    assert sizes == [32, 1, 1]
+    _, _, planner = calibrated(cache)
+    verify_steps(planner, 2, 1e-3 * 2 * DRIFT * 1.1, CHECK_STEPS - 1)  # the host got slower...
+    assert cache.load(POINTS) is not None  # ...but CHECK_STEPS forwards decide, not fewer
+    verify_steps(planner, 2, 1e-3 * 2 * DRIFT * 1.1, 1)
+    assert cache.load(POINTS) is None and not cache.path.exists()
+    sizes, curve, _ = calibrated(cache, scale=DRIFT * 1.1)  # the next engine measures and saves its own
+    assert len(sizes) == 1 + 2 * 9 + 2 and cache.load(POINTS) == curve
 
 
 def test_another_key_a_partial_or_a_broken_file_is_no_curve(tmp_path):
@@ -68,7 +79,7 @@ def test_another_key_a_partial_or_a_broken_file_is_no_curve(tmp_path):
     assert CalibrationCache({"model": "m", "threads": 1}, tmp_path).load(POINTS) is None
     assert cache.load(POINTS + [33]) is None  # a longer draft cap needs a size it lacks
     cache.path.write_text("{not json")
-    sizes, curve = calibrated(cache)  # measured as without a cache, and saved over the broken file
+    sizes, curve, _ = calibrated(cache)  # measured as without a cache, and saved over the broken file
     assert len(sizes) == 21 and json.loads(cache.path.read_text())["key"] == cache.key
 
 

@@ -7,11 +7,13 @@ is saved under a key of what it depends on (``calibration_key``: the model file,
 activation and KV types, the attention backend, the thread count, the native kernels' build, the CPU,
 specdecode's version) and the next engine with that key starts from it.
 
-A saved curve is checked before it is used: the engine measures v(1) and takes the curve only if the
-saved v(1) is within DRIFT of that; otherwise (the host busier or idler than when it was saved, or a
-change the key does not see) it measures the whole curve again and saves that one. Either way every
-verify forward refines the curve online afterwards (controller.CostModel), as it refines a measured one.
-A cache that cannot be read or written is no error: the engine measures, as it would without one."""
+A saved curve is taken without a forward of its own, so a fresh engine's first token comes as soon as
+with ``--spec-type none``, and checked by the engine's first verify forwards: once CHECK_STEPS of them
+have run at one size, the median of their times must lie within DRIFT of the saved time for that
+size, else (the host busier or idler than when it was saved, or a change the key does not see) the
+saved curve is discarded and the next engine measures its own. Either way every verify forward refines
+the curve online (controller.CostModel), as it refines a measured one. A cache that cannot be read
+or written is no error: the engine measures, as it would without one."""
 from __future__ import annotations
 
 import hashlib
@@ -19,13 +21,15 @@ import json
 import logging
 import os
 import platform
+import statistics
 import tempfile
 from importlib import metadata
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-DRIFT = 1.5  # a saved curve is used while its v(1) is within this factor of the one measured now
+DRIFT = 1.5  # a saved curve is kept while the first forwards' times are within this factor of it
+CHECK_STEPS = 4  # verify forwards of one size whose median checks a saved curve
 VERSION = 1  # of the file's layout
 
 
@@ -76,9 +80,14 @@ class CalibrationCache:
             return None
         return curve
 
-    def usable(self, curve: dict[int, float], v1: float) -> bool:
-        """Whether a saved curve agrees with v(1) measured now (seconds)."""
-        return curve[1] / DRIFT <= v1 <= curve[1] * DRIFT
+    def check(self, curve: dict[int, float], tokens: int, measured: list[float]) -> None:
+        """The engine's first verify forwards over ``tokens`` tokens took ``measured`` seconds (one
+        sequence): the saved curve is discarded unless their median is within DRIFT of its time."""
+        mid = statistics.median(measured)
+        if not curve[tokens] / DRIFT <= mid <= curve[tokens] * DRIFT:
+            log.info("saved cost curve discarded: %d-token forwards took %.1f ms, not %.1f ms", tokens,
+                     1e3 * mid, 1e3 * curve[tokens])
+            self.path.unlink(missing_ok=True)
 
     def save(self, curve: dict[int, float]) -> None:
         """Writes the curve atomically (a concurrent engine reads the old file or the new one, whole)."""

@@ -13,7 +13,7 @@ from ..runtime.timer import Timer
 from ..speculative.controller import CostModel, best_rate, choose_batch_draft_length
 from ..speculative.gate import SpeculationGate
 from ..speculative.proposer import Proposer
-from .calibration_cache import CalibrationCache
+from .calibration_cache import CHECK_STEPS, CalibrationCache
 from .sequence import Sequence
 
 
@@ -34,6 +34,8 @@ class DraftPlanner:
     def __init__(self, spec: SpecConfig, proposer: Proposer, timer: Timer, cache: CalibrationCache | None = None):
         self.spec, self.proposer, self.timer = spec, proposer, timer
         self.cache = cache  # where an earlier engine's calibration of this model is kept (None: measure)
+        self._saved: dict[int, float] | None = None  # a saved curve taken, until its check is done
+        self._checks: dict[int, list[float]] = {}  # verify forwards' seconds by tokens, for that check
         self.costs = CostModel()  # v(batch, rows): calibrated once, then every verify forward's time
         self.gate = SpeculationGate()
         self.gated_steps = 0  # steps the gate made plain (speculation lost at their batch size)
@@ -83,36 +85,48 @@ class DraftPlanner:
         verify's cost, nor speculation's against plain decoding."""
         if not merged:
             self.costs.observe(batch, timing.verify_rows, timing.verify_s)
+            if batch == 1:
+                self._check_saved(timing.verify_rows, timing.verify_s)
         if self.gated is False and not merged:  # an open step: speculation against plain decoding
             self.gate.observe(batch, sum(1 + r.accepted for r in results), plan_s + timing.propose_s + timing.verify_s,
                               self.costs.verify_cost(batch, 1), sum(r.drafted for r in results))
         self.gated_steps += bool(self.gated)
 
+    def _check_saved(self, tokens: int, seconds: float) -> None:
+        """A one-sequence verify forward over ``tokens`` tokens took ``seconds``: towards the check of a
+        saved curve, done once CHECK_STEPS forwards of one size have run (engine/calibration_cache.py)."""
+        if self._saved is None or tokens not in self._saved:
+            return
+        times = self._checks.setdefault(tokens, [])
+        times.append(seconds)
+        if len(times) == CHECK_STEPS:
+            self.cache.check(self._saved, tokens, times)
+            self._saved = None
+
     def calibrate(self, runner, kv, prefix_cache) -> None:
         """Measures the target's forward cost over t = 1..K+1 tokens once, on a scratch slot, so the
         controller has a cost curve before its first decision (later steps refine it online). With a
-        cache, a saved curve that v(1) measured now confirms is taken instead, and a measured one saved."""
+        cache, a curve an earlier engine saved is taken instead (``observe`` checks it against the
+        first verify forwards), and a measured one is saved."""
         if self.calibrated or self.spec.spec_type == "none" or self.spec.draft_fixed:
             return
         self.calibrated = True
-        if not kv.free_slots:
-            return
         points = calibration_points(min(self.proposer.max_tokens, self.spec.max_draft_tokens) + 1)
         curve = self.cache.load(points) if self.cache is not None else None
-        with kv.scratch_slot() as slot:
-            if prefix_cache is not None:
-                prefix_cache.invalidate(slot)  # overwritten below
-            runner.forward([slot], [[0] * 32], logits=False)
-            kv.set_length(slot, 32)
-
-            def measure(t: int) -> float:  # row_exact: as spec_step verifies one sequence
-                return self.timer.best_of(lambda: runner.forward([slot], [[0] * t], row_exact=True),
-                                          reps=2 if t <= DENSE else 1)
-
-            v1 = measure(1)
-            if curve is None or not self.cache.usable(curve, v1):
-                curve = {t: v1 if t == 1 else measure(t) for t in points}
-                if self.cache is not None:
-                    self.cache.save(curve)
+        if curve is not None:
+            self._saved = curve
+        elif not kv.free_slots:
+            return
+        else:
+            with kv.scratch_slot() as slot:
+                if prefix_cache is not None:
+                    prefix_cache.invalidate(slot)  # overwritten below
+                runner.forward([slot], [[0] * 32], logits=False)
+                kv.set_length(slot, 32)
+                curve = {t: self.timer.best_of(  # row_exact: as spec_step verifies one sequence
+                    lambda: runner.forward([slot], [[0] * t], row_exact=True), reps=2 if t <= DENSE else 1)
+                    for t in points}
+            if self.cache is not None:
+                self.cache.save(curve)
         for t in points:
             self.costs.observe(1, t, curve[t])
