@@ -880,6 +880,9 @@ python scripts/bench_startup.py --configs none,auto,none@/tmp/wt_base,auto@/tmp/
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_startup.py \
   --configs none,auto,none@/tmp/wt_base,auto@/tmp/wt_base --rounds 2
 python scripts/bench_startup.py --configs none,auto --rounds 2 --cold
+# after 35c401f (the saved curve checked by the first verify forwards instead of a v(1) measurement)
+python scripts/bench_startup.py --configs none,auto,none@/tmp/wt_base,auto@/tmp/wt_base --rounds 3
+python scripts/bench_startup.py --configs none,auto --rounds 3 --prompt "Write a short story about a lighthouse keeper."
 # the engine's construction alone, before and now in turns
 for i in 1 2 3; do for tree in /tmp/wt_base $PWD; do (cd /tmp && PYTHONPATH=$tree python -c "
 import time; from specdecode import LLM; t = time.perf_counter()
