@@ -37,7 +37,7 @@ def build(source: str, flags: list[str], out: Path) -> NativeKernels:
     lib.specdecode_int4_gemm.argtypes = [p, i, i, i, i, p, p, p, p, p, p, p, i]
     lib.specdecode_int8_gemm.argtypes = [p, i, i, i, p, p, p, p, p, p, p, p, i]
     lib.specdecode_isa.restype = ctypes.c_char_p
-    return NativeKernels(lib, lib.specdecode_isa().decode())
+    return NativeKernels(lib, lib.specdecode_isa().decode(), out.name)
 
 
 def int4_matrix(n: int, k: int) -> tuple[int, int, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:

@@ -33,7 +33,7 @@ def build(source: str, out: Path) -> NativeKernels:
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.specdecode_attention.argtypes = [p, p, p, i, i, i, i, i, i, i, p, p, p, i, ctypes.c_float, p, i]
     lib.specdecode_attention.restype = i
-    return NativeKernels(lib, "")
+    return NativeKernels(lib, "", out.name)
 
 
 def cases():
