@@ -83,6 +83,7 @@ class WeightCache:
         """Saves the model's state (atomically: a concurrent load reads the old file or the new one)
         and removes the entries for the same model file name and format beyond the KEEP most recently
         used."""
+        from safetensors import SafetensorError
         from safetensors.torch import save_file
 
         tmp = None
@@ -99,7 +100,7 @@ class WeightCache:
             entries = self.directory.glob(f"{glob.escape(self.model_path.stem)}-{key['quant']}-*.safetensors")
             for old in sorted(entries, key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
                 old.unlink(missing_ok=True)
-        except OSError as exc:
+        except (OSError, SafetensorError) as exc:  # e.g. a full or read-only disk
             log.debug("converted weights not saved: %s", exc)
         finally:
             if tmp is not None and os.path.exists(tmp):
