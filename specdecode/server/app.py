@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
@@ -25,6 +25,7 @@ from .admission import ApiError, allowed_hosts, check_capacity, check_host, chec
 from .metrics import CONTENT_TYPE, ServerMetrics
 from .schemas import (BaseRequest, ChatRequest, CompletionRequest, ResponseBuilder, error_body, error_response,
                       sse, usage)
+from .streams import StreamWithCleanup, until_disconnect, until_done
 from .worker import EngineWorker, RequestHandle
 
 log = logging.getLogger("specdecode.server")
@@ -40,22 +41,6 @@ def _describe(e: ValidationError) -> str:
 
 def _spec(handle: RequestHandle) -> dict:
     return handle.seq.stats.to_dict()
-
-
-class _StreamWithCleanup(StreamingResponse):
-    """Starlette cancels the body when the client disconnects; ``on_close`` then runs at once, not
-    whenever the abandoned generator happens to be finalised."""
-
-    def __init__(self, content, on_close):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.on_close = on_close
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.on_close()
 
 
 MAX_BODY_BYTES = ServerConfig.max_body_bytes
@@ -213,14 +198,14 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         if not await started(request, handle):
             return Response(status_code=499)  # the client left while it waited
         if req.stream:
-            return _StreamWithCleanup(stream(handle, rb, req.include_usage, endpoint), lambda: worker.abort(handle))
+            return StreamWithCleanup(stream(handle, rb, req.include_usage, endpoint), lambda: worker.abort(handle))
         return await complete(request, handle, rb, endpoint)
 
     async def started(request: Request, handle: RequestHandle) -> bool:
         """Waits until the request holds a KV slot (True) or its client has gone (False); raises
         the error it got instead (refused, timed out in the queue, failed)."""
         first = asyncio.create_task(handle.events.get())
-        gone = asyncio.create_task(_until_disconnect(request))
+        gone = asyncio.create_task(until_disconnect(request))
         try:
             await asyncio.wait({first, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -236,8 +221,8 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         return True
 
     async def complete(request: Request, handle: RequestHandle, rb: ResponseBuilder, endpoint: str):
-        done = asyncio.create_task(_until_done(handle))
-        gone = asyncio.create_task(_until_disconnect(request))
+        done = asyncio.create_task(until_done(handle))
+        gone = asyncio.create_task(until_disconnect(request))
         try:
             await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -290,18 +275,3 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         yield "data: [DONE]\n\n"
 
     return app
-
-
-async def _until_done(handle: RequestHandle) -> Exception | None:
-    while True:
-        kind, value = await handle.events.get()
-        if kind == "done":
-            return None
-        if kind == "error":
-            return value
-
-
-async def _until_disconnect(request: Request) -> None:
-    # The body has been read, so the next message the server sends is the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
