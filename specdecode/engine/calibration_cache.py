@@ -54,7 +54,8 @@ def _version() -> str:
 def calibration_key(model_path: str | Path, **parts) -> dict:
     """What a cost curve depends on: the model file (path, size, modification time: a replaced file is
     another model), the CPU, specdecode's version and ``parts`` (weight format, types, backend,
-    threads, kernels' build, calibration sizes: whatever the engine runs the model with)."""
+    threads, kernels' build: whatever the engine runs the model with). The sizes a curve holds are
+    checked on reading it (``load``), not keyed: a longer draft cap needs sizes a saved curve lacks."""
     path = Path(model_path).resolve()
     st = path.stat()
     return {"model": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "cpu": _cpu(),

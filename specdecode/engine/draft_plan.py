@@ -2,10 +2,10 @@
 target's measured cost curve, one length for the batch's verify forward, and the speculation gate.
 
 The engine asks ``lengths`` before a step and reports the step with ``observe`` after it; ``calibrate``
-measures the cost curve once, before the first decision. The rules themselves live in
-speculative/controller.py (acceptance estimates, CostModel, the batch's best length) and
-speculative/gate.py (plain steps where speculation lost at a batch size); this is their bookkeeping
-per engine."""
+measures the cost curve once, before the first decision, or takes the one an earlier engine saved
+(calibration_cache.py). The rules themselves live in speculative/controller.py (acceptance estimates,
+CostModel, the batch's best length) and speculative/gate.py (plain steps where speculation lost at a
+batch size); this is their bookkeeping per engine."""
 from __future__ import annotations
 
 from ..config import SpecConfig
