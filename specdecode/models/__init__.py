@@ -57,8 +57,8 @@ def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module
 
 def uninitialised(make: Callable[[], nn.Module], device: str | torch.device = "cpu") -> nn.Module:
     """``make()`` built on the meta device, then each tensor allocated once, uninitialised, on
-    ``device``: for a module its loader fills whole. (A random init costs ~0.5 s for a 1.5B's EAGLE
-    head; nn.Module.to_empty allocates through torch.empty_like, whose meta path imports sympy: ~0.3 s.)"""
+    ``device``: for a module its loader fills whole (a random init would cost seconds for a 1.5B;
+    nn.Module.to_empty allocates through torch.empty_like, whose meta path imports sympy: ~0.3 s)."""
     with torch.device("meta"):
         module = make()
     return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
