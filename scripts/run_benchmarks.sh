@@ -888,3 +888,9 @@ for i in 1 2 3; do for tree in /tmp/wt_base $PWD; do (cd /tmp && PYTHONPATH=$tre
 import time; from specdecode import LLM; t = time.perf_counter()
 LLM('qwen2.5-coder-1.5b-instruct', spec_type='none'); print('$tree', time.perf_counter() - t)"); done; done
 git worktree remove --force /tmp/wt_base
+# where a verify's extra rows go: the forwards, the layers and the decoder's int4 GEMMs alone, in the same rounds
+for i in 1 2; do python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
+python scripts/bench_attention.py --reps 15
+# key blocks of 16 instead of 32 (a local copy of attention.c, not committed), in turns
+sed 's/^#define KB 32 /#define KB 16 /' specdecode/kernels/attention.c > /tmp/attn_kb16.c
+python scripts/bench_attention.py specdecode/kernels/attention.c /tmp/attn_kb16.c --reps 21
