@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from .args import add_model_args, add_sampling_args, add_spec_args, engine_config, sampling_params
 from .errors import SpecDecodeError
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("specdecode: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`specdecode generate ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit must not raise again
+        return 141
 
 
 if __name__ == "__main__":

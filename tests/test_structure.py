@@ -271,3 +271,22 @@ def test_a_missing_optional_package_is_one_line(monkeypatch, capsys):
     assert cli.main(["models"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "matplotlib" in err[0] and "install" in err[0]
+
+
+def test_a_reader_that_goes_away_ends_the_cli_quietly():
+    """`specdecode ... | head`: the closed pipe ends the command with no traceback (status 141, as a
+    shell reports SIGPIPE)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, specdecode.cli as cli\n"
+            "def chatty(a):\n"
+            "    for _ in range(10000): print('x' * 100)\n"
+            "    return 0\n"
+            "cli.cmd_models = chatty\n"
+            "sys.exit(cli.main(['models']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # the reader goes away
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and err == ""
