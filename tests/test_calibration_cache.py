@@ -5,7 +5,8 @@ import json
 import os
 from types import SimpleNamespace
 
-from specdecode.engine.calibration_cache import CHECK_STEPS, DRIFT, CalibrationCache, calibration_key, engine_cache
+from specdecode.engine.calibration_cache import (CHECK_CONTEXT, CHECK_STEPS, DRIFT, CalibrationCache, calibration_key,
+                                                 engine_cache)
 
 POINTS = list(range(1, 10)) + [16, 17]  # tiny_llm("ngram", ngram_size_m=16): verify sizes up to 17
 
@@ -42,11 +43,12 @@ def calibrated(cache, scale=1.0):
     return host.sizes, {t: s for (b, t), s in eng.planner.costs.v.items()}, eng.planner
 
 
-def verify_steps(planner, tokens: int, seconds: float, n: int) -> None:
-    """n verify forwards of one sequence over ``tokens`` tokens, as the engine reports them."""
+def verify_steps(planner, tokens: int, seconds: float, n: int, context: int = 100) -> None:
+    """n verify forwards of one sequence over ``tokens`` tokens after ``context`` tokens, as the engine
+    reports them."""
     for _ in range(n):
         timing = SimpleNamespace(verify_rows=tokens, verify_s=seconds, propose_s=0.0)
-        planner.observe(1, [], timing, 0.0, merged=False)
+        planner.observe(1, [], timing, 0.0, merged=False, context=context)
 
 
 def test_the_next_engine_takes_the_saved_curve_without_a_forward(tmp_path):
@@ -65,6 +67,8 @@ def test_a_curve_the_first_forwards_contradict_is_discarded(tmp_path):
     cache = CalibrationCache({"model": "m"}, tmp_path)
     calibrated(cache)
     _, _, planner = calibrated(cache)
+    verify_steps(planner, 2, 1e-3 * 2 * DRIFT * 2, CHECK_STEPS, context=CHECK_CONTEXT + 1)  # long contexts...
+    assert cache.load(POINTS) is not None  # ...do not check it (their attention alone may be that slow)
     verify_steps(planner, 2, 1e-3 * 2 * DRIFT * 1.1, CHECK_STEPS - 1)  # the host got slower...
     assert cache.load(POINTS) is not None  # ...but CHECK_STEPS forwards decide, not fewer
     verify_steps(planner, 2, 1e-3 * 2 * DRIFT * 1.1, 1)

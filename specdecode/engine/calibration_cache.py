@@ -8,10 +8,12 @@ activation and KV types, the attention backend, the thread count, the native ker
 specdecode's version) and the next engine with that key starts from it.
 
 A saved curve is taken without a forward of its own, so a fresh engine's first token comes as soon as
-with ``--spec-type none``, and checked by the engine's first verify forwards: once CHECK_STEPS of them
-have run at one size, the median of their times must lie within DRIFT of the saved time for that
-size, else (the host busier or idler than when it was saved, or a change the key does not see) the
-saved curve is discarded and the next engine measures its own. Either way every verify forward refines
+with ``--spec-type none``, and checked by the engine's first verify forwards of one sequence at a short
+context (CHECK_CONTEXT: the curve is measured after 32 tokens, and attention over thousands of tokens
+alone can add half a forward's time): once CHECK_STEPS of them have run at one size, the median of
+their times must lie within DRIFT of the saved time for that size, else (the host busier or idler
+than when it was saved, or a change the key does not see) the saved curve is discarded and the next
+engine measures its own. Either way every verify forward refines
 the curve online (controller.CostModel), as it refines a measured one. A cache that cannot be read
 or written is no error: the engine measures, as it would without one."""
 from __future__ import annotations
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 
 DRIFT = 1.5  # a saved curve is kept while the first forwards' times are within this factor of it
 CHECK_STEPS = 4  # verify forwards of one size whose median checks a saved curve
+CHECK_CONTEXT = 512  # ... each after at most this many tokens (where attention adds little to a forward)
 VERSION = 1  # of the file's layout
 
 

@@ -13,7 +13,7 @@ from ..runtime.timer import Timer
 from ..speculative.controller import CostModel, best_rate, choose_batch_draft_length
 from ..speculative.gate import SpeculationGate
 from ..speculative.proposer import Proposer
-from .calibration_cache import CHECK_STEPS, CalibrationCache
+from .calibration_cache import CHECK_CONTEXT, CHECK_STEPS, CalibrationCache
 from .sequence import Sequence
 
 
@@ -79,13 +79,13 @@ class DraftPlanner:
         self.gated = False
         return [min(k, r) for r in rooms]
 
-    def observe(self, batch: int, results: list, timing, plan_s: float, merged: bool) -> None:
+    def observe(self, batch: int, results: list, timing, plan_s: float, merged: bool, context: int = 0) -> None:
         """A step of ``batch`` decoding sequences ran (results: their SeqResults; timing: its StepTiming;
-        plan_s: the time ``lengths`` took). A forward that carried prompt rows (``merged``) is no
-        verify's cost, nor speculation's against plain decoding."""
+        plan_s: the time ``lengths`` took; context: the longest sequence's tokens before it). A forward
+        that carried prompt rows (``merged``) is no verify's cost, nor speculation's against plain decoding."""
         if not merged:
             self.costs.observe(batch, timing.verify_rows, timing.verify_s)
-            if batch == 1:
+            if batch == 1 and context <= CHECK_CONTEXT:
                 self._check_saved(timing.verify_rows, timing.verify_s)
         if self.gated is False and not merged:  # an open step: speculation against plain decoding
             self.gate.observe(batch, sum(1 + r.accepted for r in results), plan_s + timing.propose_s + timing.verify_s,

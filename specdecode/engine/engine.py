@@ -196,7 +196,7 @@ class Engine:
             else:
                 for (seq, end), states in zip(chunks, timing.prefilled):
                     self._prefilled(seq, end, states)
-                self.planner.observe(len(ready), results, timing, t1 - t0, bool(chunks))
+                self.planner.observe(len(ready), results, timing, t1 - t0, bool(chunks), max(b[1] for b in before))
                 for seq, k, r in zip(ready, ks, results):
                     self.proposer.observe(seq, k, r.drafted, r.accepted)
                     outputs.append(StepOutput(seq, r.delta))
