@@ -49,12 +49,15 @@ def train(pre: str = "qwen2", vocab_size: int = 700) -> HFTokenizer:
     return tok
 
 
-def write_gguf(tok: HFTokenizer, path, pre="qwen2", add_bos=False, template=None, eot=None, merges=None):
+def write_gguf(tok: HFTokenizer, path, pre="qwen2", add_bos=False, template=None, eot=None, merges=None,
+               stored: dict[int, str] | None = None):
+    """``stored``: token id -> the text written for it instead of its vocabulary entry."""
     model = json.loads(tok.to_str())["model"]
     added = {t.content: t for t in tok.get_added_tokens_decoder().values()}
     tokens = [tok.id_to_token(i) for i in range(tok.get_vocab_size())]
     types = [gguf.TokenType.NORMAL if t not in added else gguf.TokenType.CONTROL if added[t].special
              else gguf.TokenType.USER_DEFINED for t in tokens]
+    tokens = [(stored or {}).get(i, t) for i, t in enumerate(tokens)]
     w = gguf.GGUFWriter(str(path), "qwen2")
     w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre(pre), w.add_token_list(tokens), w.add_token_types(types)
     w.add_token_merges(merges or [m if isinstance(m, str) else " ".join(m) for m in model["merges"]])
@@ -89,6 +92,17 @@ def assert_same(ours: Tokenizer, ref: HFTokenizer):
 def test_gguf_tokenizer_matches_original(tmp_path, pre):
     ref = train(pre)
     assert_same(Tokenizer.from_gguf(write_gguf(ref, tmp_path / "t.gguf", pre)), ref)
+
+
+def test_a_normal_token_stored_as_its_text_is_spelled_back(tmp_path):
+    """A file may store a byte-level token as the text it stands for (" the" for "Ġthe"): the vocabulary
+    spells it back in the byte alphabet, as transformers does, so the tokenizer is the reference's."""
+    ref = train()
+    pieces = {i: ref.id_to_token(i) for i in range(ref.get_vocab_size())}
+    ids = [i for i, p in pieces.items() if p.startswith("Ġ") and len(p) > 3]
+    stored = {i: ref.decode([i]) for i in ids[:5]}  # "Ġthe" -> " the"
+    assert all(t.startswith(" ") for t in stored.values())
+    assert_same(Tokenizer.from_gguf(write_gguf(ref, tmp_path / "t.gguf", stored=stored)), ref)
 
 
 def test_gguf_special_ids_bos_and_template(tmp_path):
