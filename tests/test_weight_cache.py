@@ -8,12 +8,10 @@ import torch
 
 from gguf_fixtures import Q, write_gguf
 from specdecode.loader.gguf_loader import load_gguf_model
-from test_gguf_loader import our_logits
 from specdecode.loader.weight_cache import KEEP, WeightCache
 from specdecode.models.llama import LlamaModel
+from test_gguf_loader import K_MODEL, our_logits
 from tiny_models import hf_model
-
-K_MODEL = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "head_dim": 64}
 
 
 @pytest.fixture
