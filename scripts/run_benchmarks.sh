@@ -887,6 +887,9 @@ python scripts/bench_startup.py --configs none,auto --rounds 3 --prompt "Write a
 for i in 1 2 3; do for tree in /tmp/wt_base $PWD; do (cd /tmp && PYTHONPATH=$tree python -c "
 import time; from specdecode import LLM; t = time.perf_counter()
 LLM('qwen2.5-coder-1.5b-instruct', spec_type='none'); print('$tree', time.perf_counter() - t)"); done; done
+for tree in /tmp/wt_base $PWD; do (cd /tmp && PYTHONPATH=$tree /usr/bin/time -f "$tree peak_rss_kb %M" \
+  python -m specdecode.cli generate --chat "Write a Python function that reverses a linked list." --max-tokens 64 \
+  --temperature 0 > /dev/null); done
 git worktree remove --force /tmp/wt_base
 # where a verify's extra rows go: the forwards, the layers and the decoder's int4 GEMMs alone, in the same rounds
 for i in 1 2; do python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
