@@ -219,20 +219,35 @@ static void accumulate2(const float *p0, const float *p1, int n, const uint8_t *
 
 #define KB 32 /* keys per block: a block's keys or values, widened (16 KB at D = 128), stay in L1 for all queries */
 #define QMAX 96 /* queries per task (tokens x the G heads of a kv head): bounds the scratch at QMAX x keys */
+/* Decode and verify calls (at most PF_MAX_TOKENS tokens) over at least PF_MIN_KEYS keys request the next
+ * block's keys or values while the current block is worked on: there the cache streams from DRAM with
+ * little work per key to hide it (one token after 1000 keys: 0.85x the time). Shorter contexts arrive
+ * in time anyway, and prefill chunks, with more work per key, ran slower with it (1.15x). */
+#define PF_MAX_TOKENS 16
+#define PF_MIN_KEYS 512
+
+/* Requests rows [j, j + KB) of a kv head's keys or values (at most n rows), as the next block. */
+static inline void prefetch_block(const char *src, size_t row, int j, int n) {
+    const size_t bytes = (size_t)(n - j < KB ? n - j : KB) * row;
+    for (size_t off = 0; off < bytes; off += 64) _mm_prefetch(src + (size_t)j * row + off, _MM_HINT_T0);
+}
 
 /* Tokens t0 .. t0 + nt - 1 of one row, kv head c: the nt x G queries share each widened block of keys
  * and values (a verify's draft tokens and a prefill chunk's tokens read the same prefix of the slot).
  * Query (t, g) is q[t * D + g * qstride] and sees keys [0, nkeys[t]) (vis[t]: mask row, or NULL);
- * each query's scores, weights and sums are computed exactly as if it were alone. */
+ * each query's scores, weights and sums are computed exactly as if it were alone. T: the call's tokens
+ * per row (whether the next blocks are prefetched). */
 static void task(const float *q, size_t qstride, const char *k, const char *v, size_t row, const int32_t *nkeys,
                  const uint8_t *mask, int Lm, int nt, int G, int D, int bf16, float scale, float *s, int lmax,
-                 float *buf, float *acc, float *z, float *o) {
+                 float *buf, float *acc, float *z, float *o, int T) {
     int n = 0;
     for (int t = 0; t < nt; t++)
         if (nkeys[t] > n) n = nkeys[t];
+    const int pf = T <= PF_MAX_TOKENS && n >= PF_MIN_KEYS;
     for (int j0 = 0; j0 < n; j0 += KB) {
         const int nb = n - j0 < KB ? n - j0 : KB;
         widen(k + (size_t)j0 * row, row, nb, D, bf16, buf);
+        if (pf && j0 + KB < n) prefetch_block(k, row, j0 + KB, n);
         for (int t = 0; t < nt; t++) {
             const int m = nkeys[t] - j0 < nb ? nkeys[t] - j0 : nb;
             for (int g = 0; m > 0 && g < G; g += 2) {
@@ -248,6 +263,7 @@ static void task(const float *q, size_t qstride, const char *k, const char *v, s
     for (int j0 = 0; j0 < n; j0 += KB) {
         const int nb = n - j0 < KB ? n - j0 : KB;
         widen(v + (size_t)j0 * row, row, nb, D, bf16, buf);
+        if (pf && j0 + KB < n) prefetch_block(v, row, j0 + KB, n);
         for (int t = 0; t < nt; t++) {
             const int m = nkeys[t] - j0 < nb ? nkeys[t] - j0 : nb;
             const uint8_t *vis = mask ? mask + (size_t)t * Lm + j0 : NULL;
@@ -330,7 +346,7 @@ int specdecode_attention(const float *q, const void *kc, const void *vc, int bf1
                     const size_t qo = ((size_t)b * H + (size_t)c * G) * qstride + (size_t)t0 * D;
                     task(q + qo, qstride, (const char *)kc + base, (const char *)vc + base, row,
                          nkeys + (size_t)b * T + t0, mask ? mask + ((size_t)b * T + t0) * Lm : NULL, Lm, nt, G, D,
-                         bf16, scale, s, lmax, buf, acc, z, o + qo);
+                         bf16, scale, s, lmax, buf, acc, z, o + qo, T);
                 }
     }
     return failed ? -1 : 0;
