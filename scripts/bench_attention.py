@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdecode.kernels import _FLAGS, NativeKernels  # noqa: E402
 
-LAYERS, H, HKV, D, LMAX, CONTEXT = 28, 12, 2, 128, 1024, 256
+LAYERS, H, HKV, D = 28, 12, 2, 128
 
 
 def build(source: str, out: Path) -> NativeKernels:
@@ -36,11 +36,12 @@ def build(source: str, out: Path) -> NativeKernels:
     return NativeKernels(lib, "", out.name)
 
 
-def cases():
-    """(name, q [1, H, T, D], nkeys [1, T]): verifies of 1, 5, 9 tokens after CONTEXT, prefill chunks."""
+def cases(context: int):
+    """(name, q [1, H, T, D], nkeys [1, T]): verifies of 1, 5, 9 tokens after ``context``, prefill chunks
+    (from the start, and after 256 tokens, or after ``context`` where that is longer)."""
     g = torch.Generator().manual_seed(0)
     out = []
-    for T, start in ((1, CONTEXT), (5, CONTEXT), (9, CONTEXT), (256, 0), (512, 256)):
+    for T, start in ((1, context), (5, context), (9, context), (256, 0), (512, max(256, context))):
         nkeys = (torch.arange(T) + start + 1).to(torch.int32)[None].contiguous()
         out.append((f"T={T} at {start}", torch.randn(1, H, T, D, generator=g), nkeys))
     return out
@@ -50,11 +51,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sources", nargs="*", help="attention.c files (none: the package's build)")
     ap.add_argument("--reps", type=int, default=31)
+    ap.add_argument("--context", type=int, default=256, help="tokens before the verifies (keys they attend)")
     a = ap.parse_args()
+    lmax = max(1024, a.context + 512 + 64)  # the cache's rows per slot: room for every case
     torch.set_num_threads(2)
     g = torch.Generator().manual_seed(1)
-    kcs = [torch.randn(1, HKV, LMAX, D, generator=g).to(torch.bfloat16) for _ in range(LAYERS)]
-    vcs = [torch.randn(1, HKV, LMAX, D, generator=g).to(torch.bfloat16) for _ in range(LAYERS)]
+    kcs = [torch.randn(1, HKV, lmax, D, generator=g).to(torch.bfloat16) for _ in range(LAYERS)]
+    vcs = [torch.randn(1, HKV, lmax, D, generator=g).to(torch.bfloat16) for _ in range(LAYERS)]
     slots = torch.zeros(1, dtype=torch.int32)
     with tempfile.TemporaryDirectory() as tmp:
         if a.sources:
@@ -62,7 +65,7 @@ def main() -> int:
         else:
             from specdecode.kernels import native_kernels
             kernels = [native_kernels()]
-        for name, q, nkeys in cases():
+        for name, q, nkeys in cases(a.context):
             layers = LAYERS if q.shape[2] <= 16 else 1  # a prefill chunk: one layer is enough
             outs = [k.attention(q, kcs[0], vcs[0], slots, nkeys, None) for k in kernels]
             if any(not torch.equal(outs[0], o) for o in outs[1:]):

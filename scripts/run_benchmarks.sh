@@ -895,5 +895,11 @@ git worktree remove --force /tmp/wt_base
 for i in 1 2; do python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
 python scripts/bench_attention.py --reps 15
 # key blocks of 16 instead of 32 (a local copy of attention.c, not committed), in turns
-sed 's/^#define KB 32 /#define KB 16 /' specdecode/kernels/attention.c > /tmp/attn_kb16.c
-python scripts/bench_attention.py specdecode/kernels/attention.c /tmp/attn_kb16.c --reps 21
+git show 4f7178d:specdecode/kernels/attention.c > /tmp/attn_before.c
+sed 's/^#define KB 32 /#define KB 16 /' /tmp/attn_before.c > /tmp/attn_kb16.c
+python scripts/bench_attention.py /tmp/attn_before.c /tmp/attn_kb16.c --reps 21
+# the next block prefetched in decode and verify calls over >= 512 keys (eb97b8d), before and after
+for ctx in 256 1000 2000; do python scripts/bench_attention.py /tmp/attn_before.c specdecode/kernels/attention.c \
+  --reps 15 --context $ctx; done
+python scripts/bench_attention.py specdecode/kernels/attention.c /tmp/attn_before.c --reps 15 --context 1000
+python scripts/bench_attention.py /tmp/attn_before.c /tmp/attn_before.c --reps 15 --context 1000
