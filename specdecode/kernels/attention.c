@@ -221,8 +221,8 @@ static void accumulate2(const float *p0, const float *p1, int n, const uint8_t *
 #define QMAX 96 /* queries per task (tokens x the G heads of a kv head): bounds the scratch at QMAX x keys */
 /* Decode and verify calls (at most PF_MAX_TOKENS tokens) over at least PF_MIN_KEYS keys request the next
  * block's keys or values while the current block is worked on: there the cache streams from DRAM with
- * little work per key to hide it (one token after 1000 keys: 0.85x the time). Shorter contexts arrive
- * in time anyway, and prefill chunks, with more work per key, ran slower with it (1.15x). */
+ * little work per key to hide it. Shorter contexts arrive in time anyway, and prefill chunks, with more
+ * work per key, ran slower with it (docs/benchmarks.md, round 33). Prefetching changes no result. */
 #define PF_MAX_TOKENS 16
 #define PF_MIN_KEYS 512
 
