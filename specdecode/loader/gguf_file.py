@@ -49,9 +49,7 @@ class _Reader:
         return s.unpack_from(self.buf, self.skip(s.size))[0]
 
     def string(self) -> str:
-        n = self.uint()
-        start = self.skip(n)
-        return self.buf[start:start + n].decode("utf-8", errors="surrogateescape")
+        return self.strings(1)[0]
 
     def value(self, vtype: int):
         if vtype in _NUMERIC:
@@ -71,8 +69,8 @@ class _Reader:
         return [self.value(etype) for _ in range(count)]
 
     def strings(self, count: int) -> list[str]:
-        """``string`` count times, in one loop: a vocabulary and its merges are ~300k strings, and a
-        call per string was most of a file's parse."""
+        """``count`` strings (each a uint64 length and UTF-8 bytes) in one loop: a vocabulary and its
+        merges are ~300k strings, and a call per string was most of a file's parse."""
         buf, pos, end, unpack = self.buf, self.pos, len(self.buf), _U64.unpack_from
         out = []
         for _ in range(count):
