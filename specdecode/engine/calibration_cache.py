@@ -21,12 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import platform
 import statistics
-import tempfile
 from importlib import metadata
 from pathlib import Path
+
+import torch
+
+from ..kernels import cpu_key, native_kernels
+from ..store import cache_dir, replacing
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +36,6 @@ DRIFT = 1.5  # a saved curve is kept while the first forwards' times are within 
 CHECK_STEPS = 4  # verify forwards of one size whose median checks a saved curve
 CHECK_CONTEXT = 512  # ... each after at most this many tokens (where attention adds little to a forward)
 VERSION = 1  # of the file's layout
-
-
-def _cpu() -> str:
-    """The CPU's model name (the kernels' build covers the CPU only where the native kernels load)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _version() -> str:
@@ -61,7 +52,7 @@ def calibration_key(model_path: str | Path, **parts) -> dict:
     checked on reading it (``load``), not keyed: a longer draft cap needs sizes a saved curve lacks."""
     path = Path(model_path).resolve()
     st = path.stat()
-    return {"model": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "cpu": _cpu(),
+    return {"model": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "cpu": cpu_key(),
             "specdecode": _version(), "layout": VERSION, **{k: parts[k] for k in sorted(parts)}}
 
 
@@ -95,27 +86,17 @@ class CalibrationCache:
 
     def save(self, curve: dict[int, float]) -> None:
         """Writes the curve atomically (a concurrent engine reads the old file or the new one, whole)."""
-        tmp = None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".json", dir=self.path.parent)
-            with os.fdopen(fd, "w") as f:
-                json.dump({"key": self.key, "curve": {str(t): s for t, s in sorted(curve.items())}}, f, indent=1)
-            os.replace(tmp, self.path)
+            data = {"key": self.key, "curve": {str(t): s for t, s in sorted(curve.items())}}
+            with replacing(self.path, ".json") as tmp:
+                Path(tmp).write_text(json.dumps(data, indent=1))
         except OSError as exc:
             log.debug("cost curve not saved to %s: %s", self.path, exc)
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)
 
 
 def engine_cache(model_path: str | Path, quant: str, dtype, kv_dtype, device, attention: str) -> CalibrationCache:
     """The cache of an engine that runs the model file at ``model_path`` with these weights (quant),
     types and attention backend, on this process's threads and native kernels."""
-    import torch
-
-    from ..kernels import native_kernels
-    from ..store import cache_dir
-
     native = native_kernels()
     dev = torch.device(device)
     key = calibration_key(model_path, quant=quant, dtype=str(dtype), kv_dtype=str(kv_dtype), attention=attention,

@@ -47,8 +47,9 @@ def _cache_dir() -> Path:
     return Path(root) / "kernels"
 
 
-def _cpu_key() -> str:
-    """The CPU's model and flags: a cache shared between machines never hands one another's build."""
+def cpu_key() -> str:
+    """The CPU's model and flags, for caches of what depends on the machine (this library's builds, the
+    engine's measured cost curve): a cache shared between machines never hands one another's entry."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -62,7 +63,7 @@ def _build(cc: str, flags: list[str]) -> Path:
     harmlessly (each writes a temporary file and renames it into place)."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
     key = hashlib.sha256("\0".join([*(s.read_text() for s in _SOURCES + _HEADERS), " ".join(flags), version,
-                                     _cpu_key()]).encode())
+                                     cpu_key()]).encode())
     out = _cache_dir() / f"specdecode-{key.hexdigest()[:16]}.so"
     if out.exists():
         return out

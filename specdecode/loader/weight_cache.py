@@ -17,10 +17,11 @@ import json
 import logging
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 import torch
+
+from ..store import replacing
 
 log = logging.getLogger(__name__)
 
@@ -101,22 +102,14 @@ class WeightCache:
         from safetensors import SafetensorError
         from safetensors.torch import save_file
 
-        tmp = None
         try:
             key = self._key(model)
             path = self._file(key)
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=self.directory)
-            os.close(fd)
-            save_file({n: t.contiguous() for n, t in model.state_dict().items()}, tmp,
-                      metadata={"key": json.dumps(key, sort_keys=True)})
-            os.replace(tmp, path)
-            tmp = None
+            with replacing(path) as tmp:
+                save_file({n: t.contiguous() for n, t in model.state_dict().items()}, tmp,
+                          metadata={"key": json.dumps(key, sort_keys=True)})
             entries = self.directory.glob(f"{glob.escape(self.model_path.stem)}-{key['quant']}-*.safetensors")
             for old in sorted(entries, key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
                 old.unlink(missing_ok=True)
         except (OSError, SafetensorError) as exc:  # e.g. a full or read-only disk
             log.debug("converted weights not saved: %s", exc)
-        finally:
-            if tmp is not None and os.path.exists(tmp):
-                os.unlink(tmp)

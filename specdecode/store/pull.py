@@ -251,10 +251,25 @@ def _read_json(p: Path) -> dict:
         return {}
 
 
+@contextlib.contextmanager
+def replacing(path: Path, suffix: str = ".tmp") -> Iterator[str]:
+    """A fresh temporary file beside ``path`` to write: it replaces ``path`` when the block ends and is
+    removed if the block raises, so a reader (another process too) finds the old file or the new one,
+    whole, and a failed write leaves nothing behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def _write_atomic(p: Path, text: str) -> None:
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text + "\n")
-    os.replace(tmp, p)
+    with replacing(p) as tmp:
+        Path(tmp).write_text(text + "\n")
 
 
 def _unlink(*paths: Path) -> None:
