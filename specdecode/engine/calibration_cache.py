@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from ..kernels import cpu_key, native_kernels
-from ..store import cache_dir, replacing
+from ..store import cache_dir, file_identity, replacing
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +50,7 @@ def calibration_key(model_path: str | Path, **parts) -> dict:
     another model), the CPU, specdecode's version and ``parts`` (weight format, types, backend,
     threads, kernels' build: whatever the engine runs the model with). The sizes a curve holds are
     checked on reading it (``load``), not keyed: a longer draft cap needs sizes a saved curve lacks."""
-    path = Path(model_path).resolve()
-    st = path.stat()
-    return {"model": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "cpu": cpu_key(),
+    return {**file_identity(model_path), "cpu": cpu_key(),
             "specdecode": _version(), "layout": VERSION, **{k: parts[k] for k in sorted(parts)}}
 
 

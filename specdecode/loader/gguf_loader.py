@@ -266,9 +266,10 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
     # int4 layers take the file's own 4-bit codes and scales; every other consumer dequantizes them
     weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None, skip=skip,
                                 int4=quant != "none")
-    if quant != "none" and cache is not None and cache.fill(model):
+    cache = cache if quant != "none" else None  # a float model is not kept: its copy would be several times the file
+    if cache is not None and cache.fill(model):
         return model
     model.load_weights(weights)
-    if quant != "none" and cache is not None:
+    if cache is not None:
         cache.save(model)
     return model

@@ -11,6 +11,7 @@ evict each other at every load). A cache that cannot be read or written is no er
 converted from the file, as without one."""
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..store import replacing
+from ..store import file_identity, replacing
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32:
            torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.bool: "BOOL"}  # safetensors' names
 
 
+@functools.cache  # the source files do not change under a running process
 def _code_digest() -> str:
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
@@ -47,11 +49,9 @@ class WeightCache:
         self.model_path, self.directory = Path(model_path).resolve(), Path(directory)
 
     def _key(self, model: torch.nn.Module) -> dict:
-        st = self.model_path.stat()
         kernels = sorted({f"{type(m).__name__}:{m.kernel}" for m in model.modules() if hasattr(m, "kernel")})
-        return {"model": str(self.model_path), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                "quant": model.quant, "dtype": str(model.dtype), "device": model.device.type, "kernels": kernels,
-                "code": _code_digest()}
+        return {**file_identity(self.model_path), "quant": model.quant, "dtype": str(model.dtype),
+                "device": model.device.type, "kernels": kernels, "code": _code_digest()}
 
     def _file(self, key: dict) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -9,12 +9,13 @@ import os
 from pathlib import Path
 
 from ..errors import ModelFileError
-from .pull import PIP_ARGS_ENV, HOME_ENV, PullError, cache_dir, is_cached, model_path, pull, replacing
+from .pull import (PIP_ARGS_ENV, HOME_ENV, PullError, cache_dir, file_identity, is_cached, model_path, pull,
+                   replacing)
 from .registry import REGISTRY, ModelEntry, Part, UnknownModelError, find_entry, get_entry, known_names
 
 __all__ = [
     "HOME_ENV", "PIP_ARGS_ENV", "REGISTRY", "ModelEntry", "Part", "PullError", "UnknownModelError",
-    "cache_dir", "find_entry", "get_entry", "is_cached", "known_names", "list_models", "model_path",
+    "cache_dir", "file_identity", "find_entry", "get_entry", "is_cached", "known_names", "list_models", "model_path",
     "pull", "replacing", "resolve_model",
 ]
 

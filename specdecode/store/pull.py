@@ -251,6 +251,14 @@ def _read_json(p: Path) -> dict:
         return {}
 
 
+def file_identity(path: str | os.PathLike) -> dict:
+    """A file as caches of what is derived from it key it: its resolved path, size and modification
+    time (a file replaced in place is another file)."""
+    path = Path(path).resolve()
+    st = path.stat()
+    return {"model": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
 @contextlib.contextmanager
 def replacing(path: Path, suffix: str = ".tmp") -> Iterator[str]:
     """A fresh temporary file beside ``path`` to write: it replaces ``path`` when the block ends and is
