@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Callable
 
 import torch
 from torch import nn
@@ -55,15 +54,6 @@ def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module
     return linear
 
 
-def uninitialised(make: Callable[[], nn.Module], device: str | torch.device = "cpu") -> nn.Module:
-    """``make()`` built on the meta device, then each tensor allocated once, uninitialised, on
-    ``device``: for a module its loader fills whole (a random init would cost seconds for a 1.5B;
-    nn.Module.to_empty allocates through torch.empty_like, whose meta path imports sympy: ~0.3 s)."""
-    with torch.device("meta"):
-        module = make()
-    return module._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
-
-
 def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                 quant: str = "none", head_quant: str = "int8", embedding: nn.Module | None = None) -> nn.Module:
     """quant: weight format of the decoder's linear layers (none = dtype); the LM head gets
@@ -73,8 +63,7 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: st
         raise UnsupportedModelError(f"unsupported architecture {cfg.arch!r} (supported: {', '.join(ARCHITECTURES)})")
     if quant not in format_names():
         raise UnsupportedModelError(f"unknown quantization {quant!r} (choose from {', '.join(format_names())})")
-
-    def make() -> nn.Module:
+    with torch.device("meta"):
         model = ARCHITECTURES[cfg.arch].model(cfg, separate_head=quant != "none").to(dtype=dtype)
         if quant != "none":
             from ..layers.embedding import Int8Embedding
@@ -87,10 +76,10 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: st
             # set before allocation, so that the float table it replaces is never allocated
             model.embed_tokens = embedding if embedding is not None else \
                 Int8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
-        return model
-
-    # each tensor allocated once, in its final dtype: loading a model never holds a second full copy of it
-    model = uninitialised(make, device)
+    # Each tensor allocated once, uninitialised, in its final dtype: loading a model never holds a second
+    # full copy of it. (nn.Module.to_empty allocates through torch.empty_like, whose meta path imports
+    # sympy: ~0.3 s of every load.)
+    model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
     if quant != "none" and embedding is None and cfg.tie_word_embeddings and hasattr(model.lm_head, "int8_rows"):
         model.embed_tokens.share_with(model.lm_head)  # one int8 table for the tied embedding and head
     for m in model.modules():
