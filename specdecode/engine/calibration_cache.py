@@ -13,9 +13,9 @@ context (CHECK_CONTEXT: the curve is measured after 32 tokens, and attention ove
 alone can add half a forward's time): once CHECK_STEPS of them have run at one size, the median of
 their times must lie within DRIFT of the saved time for that size, else (the host busier or idler
 than when it was saved, or a change the key does not see) the saved curve is discarded and the next
-engine measures its own. Either way every verify forward refines
-the curve online (controller.CostModel), as it refines a measured one. A cache that cannot be read
-or written is no error: the engine measures, as it would without one."""
+engine measures its own. Either way every verify forward refines the curve online
+(controller.CostModel), as it refines a measured one. A cache that cannot be read or written is no
+error: the engine measures, as it would without one."""
 from __future__ import annotations
 
 import hashlib
