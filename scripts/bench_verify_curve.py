@@ -1,4 +1,4 @@
-"""The 1.5B's whole forward over t = 1, 5, 9 new tokens after a 256-token context, as a verify runs it
+"""The 1.5B's whole forward over t = 1, 5, 9 new tokens after a 256-token context (--context), as a verify runs it
 (row_exact), rounds interleaving t; prints the medians (first two rounds dropped) and v(t)/v(1). Shorter
 than bench_runtime.py's curve, for A/B runs of a code change in turns (one process each). --split also
 times each forward without logits (the decoder layers alone; the LM head is the difference); --gemms
@@ -25,6 +25,7 @@ def main() -> int:
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--context", type=int, default=256, help="tokens in the cache before the new ones")
     ap.add_argument("--split", action="store_true", help="also time the forwards without logits")
     ap.add_argument("--gemms", action="store_true", help="also time the decoder's int4 GEMMs alone")
     a = ap.parse_args()
@@ -33,9 +34,9 @@ def main() -> int:
     from specdecode.engine.engine import Engine
     from specdecode.kernels import native_kernels
 
-    eng = Engine(EngineConfig(model=a.model, quant="auto", threads=a.threads, max_model_len=1024))
+    eng = Engine(EngineConfig(model=a.model, quant="auto", threads=a.threads, max_model_len=max(1024, a.context + 64)))
     runner, kv = eng.runner, eng.kv
-    prompt = torch.randint(0, 100000, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    prompt = torch.randint(0, 100000, (a.context,), generator=torch.Generator().manual_seed(0)).tolist()
     slot = kv.allocate()
     runner.forward([slot], [prompt], last_only=True)
     kinds = [(t, lg) for t in (1, 5, 9) for lg in ((True, False) if a.split else (True,))]

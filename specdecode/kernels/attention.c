@@ -284,9 +284,9 @@ static void task(const float *q, size_t qstride, const char *k, const char *v, s
         }
 }
 
-/* The calling thread's scratch of at least n floats, kept for its next call: a buffer allocated and
- * freed per call costs page faults (and heap trims) in every layer of every step. Freed when the
- * thread exits (an OpenMP pool released by threads.c). */
+/* The calling thread's scratch of at least n floats, 64-byte aligned, kept for its next call: a buffer
+ * allocated and freed per call costs page faults (and heap trims) in every layer of every step. Freed
+ * when the thread exits (an OpenMP pool released by threads.c). */
 typedef struct {
     float *p;
     size_t cap;
@@ -299,6 +299,9 @@ static void scratch_free(void *s) {
 }
 static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
 
+/* n rounded up to whole 64-byte lines of floats. */
+static inline size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
+
 static float *scratch(size_t n) {
     pthread_once(&scratch_once, scratch_init);
     scratch_t *s = pthread_getspecific(scratch_key);
@@ -308,8 +311,8 @@ static float *scratch(size_t n) {
     }
     if (n > s->cap) {
         free(s->p);
-        s->cap = n + n / 4;
-        if (!(s->p = malloc(sizeof(float) * s->cap))) s->cap = 0;
+        s->cap = up16(n + n / 4);
+        if (!(s->p = aligned_alloc(64, sizeof(float) * s->cap))) s->cap = 0;
     }
     return s->p;
 }
@@ -329,13 +332,17 @@ int specdecode_attention(const float *q, const void *kc, const void *vc, int bf1
     const int Q = (TQ < T ? TQ : T) * G;
 #pragma omp parallel num_threads(nthreads)
     {
-        /* per thread: scores [Q, lmax], one widened block [KB, D], accumulators [Q, D], sums [Q] */
-        float *s = scratch((size_t)Q * lmax + (size_t)KB * D + (size_t)Q * D + (size_t)Q);
+        /* per thread: scores [Q, lmax], one widened block [KB, D], accumulators [Q, D], sums [Q]. The
+         * block and the accumulators start on cache lines: their rows are loaded 32 bytes at a time
+         * for every query, and a load split across two lines costs the load pipes twice
+         * (docs/benchmarks.md, round 34). KB * D floats keep acc aligned after buf. */
+        const size_t ns = up16((size_t)Q * lmax);
+        float *s = scratch(ns + (size_t)KB * D + (size_t)Q * D + (size_t)Q);
         if (!s) {
 #pragma omp atomic write
             failed = 1;
         }
-        float *buf = s + (size_t)Q * lmax, *acc = buf + (size_t)KB * D, *z = acc + (size_t)Q * D;
+        float *buf = s + ns, *acc = buf + (size_t)KB * D, *z = acc + (size_t)Q * D;
 #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int c = 0; c < Hkv; c++)
