@@ -202,7 +202,8 @@ def build_mtp_head(cfg: MTPConfig, dtype: torch.dtype = torch.float32, device: s
     """Allocated without initialisation (norms at 1), frozen; the loader or the trainer fills the weights."""
     with torch.device("meta"):
         head = MTPHead(cfg)
-    head = head.to(dtype=dtype).to_empty(device=device)
+    # torch.empty per tensor, as build_model: Module.to_empty's meta path imports sympy (~0.3 s)
+    head = head._apply(lambda t: torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device))
     for mod in head.modules():
         if isinstance(mod, RMSNorm):
             nn.init.ones_(mod.weight)
