@@ -148,7 +148,8 @@ class NativeKernels:
         """gate_up float32 contiguous [..., 2 I] (I % 8 == 0) -> silu(gate) * up, float32 [..., I]."""
         i = gate_up.shape[-1] // 2
         out = gate_up.new_empty(gate_up.shape[:-1] + (i,))
-        self.lib.specdecode_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * i), i, out.data_ptr())
+        self.lib.specdecode_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * i), i, out.data_ptr(),
+                                     torch.get_num_threads())
         return out
 
     def layer_scratch(self, layer, rows: int) -> torch.Tensor:
@@ -211,7 +212,7 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_attention.restype = i
     lib.specdecode_rmsnorm.argtypes = [p, p, p, i, i, ctypes.c_float]
     lib.specdecode_rmsnorm.restype = None
-    lib.specdecode_silu_mul.argtypes = [p, i, i, p]
+    lib.specdecode_silu_mul.argtypes = [p, i, i, p, i]
     lib.specdecode_silu_mul.restype = None
     lib.specdecode_layer_scratch.argtypes = [p, i]
     lib.specdecode_layer_scratch.restype = ctypes.c_size_t

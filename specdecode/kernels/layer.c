@@ -111,22 +111,33 @@ static void store(void *cache, size_t idx, const float *v, int D, int bf16) {
     }
 }
 
-/* out [R, I] = silu(gu[:, :I]) * gu[:, I:] for gu [R, 2 I], I % 8 == 0. silu(x) = x * sigmoid(x)
- * with sigmoid from exp8 of -|x| (exp8 takes x <= 0): 1 / (1 + e) for x >= 0, e / (1 + e) below. */
-void specdecode_silu_mul(const float *gu, int R, int I, float *out) {
+/* out[r, i] = silu(gu[r, i]) * gu[r, I + i] for i in [i0, i1) of row r of gu [R, 2 I] (i0, i1 multiples
+ * of 8). silu(x) = x * sigmoid(x) with sigmoid from exp8 of -|x| (exp8 takes x <= 0): 1 / (1 + e) for
+ * x >= 0, e / (1 + e) below. Each element on its own: any split of the work gives the same bits. */
+static void silu_mul_span(const float *gu, int I, int r, int i0, int i1, float *out) {
     const v8f one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {0};
-    for (int r = 0; r < R; r++) {
-        const float *g = gu + (size_t)r * 2 * I, *u = g + I;
-        float *o = out + (size_t)r * I;
-        for (int i = 0; i < I; i += 8) {
-            const v8f x = load8(g + i, 0);
-            const v8f neg = (v8f)_mm256_or_ps((__m256)x, _mm256_set1_ps(-0.f)); /* -|x| */
-            const v8f e = exp8(neg);
-            const v8f d = one + e;
-            const v8f sig = (v8f)_mm256_blendv_ps((__m256)(one / d), (__m256)(e / d),
-                                                  _mm256_cmp_ps((__m256)x, (__m256)zero, _CMP_LT_OQ));
-            _mm256_storeu_ps(o + i, (__m256)(x * sig * load8(u + i, 0)));
-        }
+    const float *g = gu + (size_t)r * 2 * I, *u = g + I;
+    float *o = out + (size_t)r * I;
+    for (int i = i0; i < i1; i += 8) {
+        const v8f x = load8(g + i, 0);
+        const v8f neg = (v8f)_mm256_or_ps((__m256)x, _mm256_set1_ps(-0.f)); /* -|x| */
+        const v8f e = exp8(neg);
+        const v8f d = one + e;
+        const v8f sig = (v8f)_mm256_blendv_ps((__m256)(one / d), (__m256)(e / d),
+                                              _mm256_cmp_ps((__m256)x, (__m256)zero, _CMP_LT_OQ));
+        _mm256_storeu_ps(o + i, (__m256)(x * sig * load8(u + i, 0)));
+    }
+}
+
+/* out [R, I] = silu(gu[:, :I]) * gu[:, I:] for gu [R, 2 I], I % 8 == 0, on a team of `threads`: each row
+ * in `threads` spans of whole vectors. Between the gate/up and down projections the other threads would
+ * otherwise wait on this exp8 pass, which grows with the rows (docs/benchmarks.md, round 34). */
+void specdecode_silu_mul(const float *gu, int R, int I, float *out, int threads) {
+    const int parts = threads > 1 ? threads : 1, span = (I / 8 + parts - 1) / parts * 8;
+#pragma omp parallel for num_threads(parts) schedule(static)
+    for (int c = 0; c < R * parts; c++) {
+        const int r = c / parts, i0 = (c % parts) * span, i1 = i0 + span < I ? i0 + span : I;
+        if (i0 < i1) silu_mul_span(gu, I, r, i0, i1, out);
     }
 }
 
@@ -194,7 +205,7 @@ int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, vo
     for (size_t i = 0; i < (size_t)R * hd; i++) x[i] = x[i] + y[i];
     specdecode_rmsnorm(x, L->post_norm, h, R, hd, L->eps);
     linear(&L->gate_up, h, R, gu, gs, threads);
-    specdecode_silu_mul(gu, R, I, act);
+    specdecode_silu_mul(gu, R, I, act, threads);
     linear(&L->down, act, R, y, gs, threads);
     for (size_t i = 0; i < (size_t)R * hd; i++) x[i] = x[i] + y[i];
     return 0;
