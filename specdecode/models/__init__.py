@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from ..layers.quant import FORMATS, device_kernel, format_names
+from ..runtime import host_memory
 from .config import Architecture, ModelConfig
 
 
@@ -77,9 +78,10 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: st
             model.embed_tokens = embedding if embedding is not None else \
                 Int8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
     # Each tensor allocated once, uninitialised, in its final dtype: loading a model never holds a second
-    # full copy of it. (nn.Module.to_empty allocates through torch.empty_like, whose meta path imports
-    # sympy: ~0.3 s of every load.)
-    model = model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device=device))
+    # full copy of it. On the CPU in huge pages, which a decode step streams faster (runtime/host_memory.py).
+    # (nn.Module.to_empty allocates through torch.empty_like, whose meta path imports sympy: ~0.3 s of
+    # every load.)
+    model = host_memory.allocate(model, device)
     if quant != "none" and embedding is None and cfg.tie_word_embeddings and hasattr(model.lm_head, "int8_rows"):
         model.embed_tokens.share_with(model.lm_head)  # one int8 table for the tied embedding and head
     for m in model.modules():

@@ -25,6 +25,7 @@ from torch import nn
 from ..layers.linear import make_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
+from ..runtime import host_memory
 from ..runtime.attention import backend
 from .config import ModelConfig
 from .llama import DecoderLayer, LlamaModel
@@ -202,8 +203,8 @@ def build_mtp_head(cfg: MTPConfig, dtype: torch.dtype = torch.float32, device: s
     """Allocated without initialisation (norms at 1), frozen; the loader or the trainer fills the weights."""
     with torch.device("meta"):
         head = MTPHead(cfg)
-    # torch.empty per tensor, as build_model: Module.to_empty's meta path imports sympy (~0.3 s)
-    head = head._apply(lambda t: torch.empty(t.shape, dtype=dtype if t.is_floating_point() else t.dtype, device=device))
+    # allocated as build_model allocates a model (Module.to_empty's meta path imports sympy: ~0.3 s)
+    head = host_memory.allocate(head.to(dtype=dtype), device)
     for mod in head.modules():
         if isinstance(mod, RMSNorm):
             nn.init.ones_(mod.weight)
