@@ -6,12 +6,14 @@ that both builds give the same logits.
 
     python scripts/ab_native.py --rev c433832 --tokens 1,5,9 --rounds 31
     python scripts/ab_native.py --rev HEAD --context 1000   # the same sources twice: the noise floor
+    SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/ab_native.py --rev c433832   # the AVX2 body
 
 A's library is swapped in under the model (``NativeKernels.lib``), so both builds must share the
 operand structs of kernels/layer.py."""
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -39,7 +41,7 @@ def build_at(rev: str):
     kernels._SOURCES = tuple(tmp / f.name for f in saved[0])
     kernels._HEADERS = tuple(tmp / f.name for f in saved[1])
     try:
-        return kernels.load_native_kernels()
+        return kernels.load_native_kernels(tuple(os.environ.get("SPECDECODE_NATIVE_FLAGS", "").split()))
     finally:
         kernels._SOURCES, kernels._HEADERS = saved
 

@@ -90,3 +90,15 @@ def test_disabled_allocates_ordinary_tensors(monkeypatch):
     model = build_model(tiny_config(), quant="int4")
     ptrs = {t.untyped_storage().data_ptr() for t in model.parameters()}
     assert len(ptrs) == len(list(model.parameters()))  # each tensor its own allocation
+
+
+@pytest.mark.parametrize("mode, enabled, limit", [("off", False, host_memory.CHUNK_LIMIT), ("on", True, float("inf")),
+                                                   ("auto", True, host_memory.CHUNK_LIMIT)])
+def test_environment_sets_the_mode(mode, enabled, limit):
+    import os
+    import subprocess
+
+    code = "from specdecode.runtime import host_memory as h; print(h.ENABLED, h.CHUNK_LIMIT)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "SPECDECODE_HUGEPAGES": mode}).stdout.split()
+    assert out == [str(enabled), str(limit)]

@@ -14,6 +14,8 @@ Firecracker guests do) a huge page mostly comes from memory the host has taken b
 waits for the host (~1-3 ms per MiB: seconds for a 1.5B model, more than decoding gains in a short run).
 So an arena faults its pages in itself, CHUNK bytes at a time, timed: from the first chunk that takes
 longer than CHUNK_LIMIT, the rest is marked MADV_NOHUGEPAGE and fills in ordinary pages.
+SPECDECODE_HUGEPAGES=on keeps huge pages however slowly they fault in (a long-lived server on such a
+VM: seconds once, a few percent of every forward after), =off allocates ordinary tensors.
 
 An arena is one anonymous mapping holding many tensors back to back, each on a 64-byte line: huge pages
 are whole 2 MiB, so a mapping per tensor would round each of a model's ~200 tensors up to one. A tensor
@@ -24,6 +26,7 @@ commit 2 MiB of idle slots."""
 from __future__ import annotations
 
 import mmap
+import os
 import time
 
 import torch
@@ -32,7 +35,10 @@ HUGE_PAGE = 2 << 20
 ALIGN = 64  # every tensor starts on a cache line (the native kernels' loads)
 CHUNK = 8 * HUGE_PAGE  # bytes faulted in and timed at a time
 CHUNK_LIMIT = 0.004  # seconds per chunk: 0.25 ms per MiB, ~5x bare metal's zeroing, below a host's faults
-ENABLED = True  # False: ordinary torch.empty (for A/B measurements)
+_MODE = os.environ.get("SPECDECODE_HUGEPAGES", "auto").lower()
+ENABLED = _MODE != "off"  # False: ordinary torch.empty
+if _MODE == "on":
+    CHUNK_LIMIT = float("inf")
 
 
 def _up(n: int, to: int) -> int:
