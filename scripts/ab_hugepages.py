@@ -4,11 +4,14 @@ where they fault in slowly still measures what they give once in place.
 
 Default: two engines of the 1.5B, whole forwards of 1, 5 and 9 tokens after a 256-token context, ABBA
 rounds; prints each engine's construction time and huge pages, the medians and the paired ratios B / A.
+``--mapped``: B maps its weights from the weight cache's entry instead (loader/weight_cache.py: the page
+cache's 2 MiB folios mapped as huge pages), as a default engine does; A converts into ordinary pages.
 ``--stream``: the int4 kernel alone streaming 28 gate/up-sized matrices (17920 x 1536, random codes, ~0.44
 GB) from each kind of memory, one row, as a decode step streams its weights.
 
     python scripts/ab_hugepages.py --rounds 41
     python scripts/ab_hugepages.py --stream --rounds 30
+    python scripts/ab_hugepages.py --mapped --rounds 41
 """
 from __future__ import annotations
 
@@ -77,15 +80,16 @@ def stream(rounds: int) -> None:
     print(paired("28 x [17920, 1536] int4, one row", t["A"], t["B"]))
 
 
-def forwards(rounds: int) -> None:
+def forwards(rounds: int, mapped: bool) -> None:
     from specdecode.config import EngineConfig
     from specdecode.engine.engine import Engine
 
     engines = {}
     for name, huge in (("A", False), ("B", True)):
-        host_memory.ENABLED = huge
+        host_memory.ENABLED = huge and not mapped
         before, t0 = huge_mb(), time.perf_counter()
-        eng = Engine(EngineConfig(model="qwen2.5-coder-1.5b-instruct", quant="auto", threads=2, max_model_len=1024))
+        eng = Engine(EngineConfig(model="qwen2.5-coder-1.5b-instruct", quant="auto", threads=2, max_model_len=1024,
+                                  weight_cache=huge if mapped else False))
         print(f"{name}: construction {time.perf_counter() - t0:.2f} s, huge pages +{huge_mb() - before} MB", flush=True)
         prompt = torch.randint(0, 100000, (256,), generator=torch.Generator().manual_seed(0)).tolist()
         slot = eng.kv.allocate()
@@ -107,10 +111,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=41)
     ap.add_argument("--stream", action="store_true", help="the int4 kernel alone over synthetic weights")
+    ap.add_argument("--mapped", action="store_true", help="B maps its weights from the weight cache")
     a = ap.parse_args()
     torch.set_num_threads(2)
     host_memory.CHUNK_LIMIT = float("inf")  # B keeps its huge pages however slowly they fault in
-    stream(a.rounds) if a.stream else forwards(a.rounds)
+    stream(a.rounds) if a.stream else forwards(a.rounds, a.mapped)
     return 0
 
 

@@ -91,3 +91,30 @@ def test_the_engine_keeps_converted_weights_only_when_asked(tmp_path, monkeypatc
     no_conversion(monkeypatch)
     on = LLM(path, **opts).generate([[5, 6, 7]], params)
     assert on[0].token_ids == off[0].token_ids
+
+
+def test_a_cached_load_maps_the_entry_copy_on_write(tmp_path, gguf_path, monkeypatch):
+    """The cached model's tensors are views of the entry file, each on a 64-byte line, and writing one
+    changes the process's copy only: the next load gets the saved bytes."""
+    import sys
+
+    cache = WeightCache(gguf_path, tmp_path / "weights")
+    converted = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    (entry,) = (tmp_path / "weights").glob("m-int4-*")
+    with monkeypatch.context() as m:
+        no_conversion(m)
+        mapped = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    tensors = list(mapped.state_dict().values())
+    assert all(t.device.type == "cpu" and t.data_ptr() % 64 == 0 for t in tensors if t.numel())
+    if sys.platform == "linux":  # the mapping that holds the tensors is the entry file
+        with open("/proc/self/maps") as f:
+            maps = f.read().splitlines()
+        for t in (tensors[0], tensors[-1]):
+            line = next(ln for ln in maps if int(ln.split()[0].split("-")[0], 16) <= t.data_ptr()
+                        < int(ln.split()[0].split("-")[1], 16))
+            assert line.endswith(str(entry))
+    qweight = mapped.layers[0].mlp.down_proj.qweight
+    qweight.fill_(0)  # copy on write: the file keeps its bytes
+    again = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    assert torch.equal(again.layers[0].mlp.down_proj.qweight, converted.layers[0].mlp.down_proj.qweight)
+    assert not torch.equal(qweight, converted.layers[0].mlp.down_proj.qweight)

@@ -16,7 +16,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as QType
 from ..errors import ModelFileError, UnsupportedModelError
 from ..layers.rotary import rope_inv_freq
 from ..layers.quant import Int4Rows
-from ..models import ARCHITECTURES, build_model, find_architecture
+from ..models import ARCHITECTURES, allocate_model, build_model, find_architecture
 from ..models.config import ModelConfig, RopeScaling
 from .gguf_file import SUPPORTED_TYPES, GGUFFile, GGUFTensorInfo, Source, open_gguf
 from .gguf_formats import auto_quant, head_quant
@@ -251,24 +251,27 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
                     quant: str = "none", cache=None):
     """A LlamaModel with the weights of a GGUF file: dequantized to dtype (quant none), or requantized
     to int8 / int4 row range by row range (never a whole float copy of a large tensor). ``cache``: a
-    weight_cache.WeightCache that a quantized model is read from, or saved to once converted."""
+    weight_cache.WeightCache that a quantized model is mapped from, or saved to once converted."""
     f = open_gguf(source)
     cfg = read_gguf_config(f)
     if quant == "auto":
         quant = auto_quant(f)
     skip = set()
-    # a quantized model's embedding table stays in the file (see layers/embedding.py)
+    cache = cache if quant != "none" else None  # a float model is not kept: its copy would be several times the file
+    # a quantized model's embedding table stays in the file (see layers/embedding.py); with a cache, the
+    # tensors are mapped from its entry where one matches, else allocated and converted
     model = build_model(cfg, dtype, device, quant=quant, head_quant=head_quant(f, quant) if quant != "none" else "int8",
-                        embedding=file_embedding(f, dtype) if quant != "none" else None)
+                        embedding=file_embedding(f, dtype) if quant != "none" else None, allocate=cache is None)
+    if cache is not None:
+        if cache.map(model):
+            return model
+        model = allocate_model(model, device)
     if quant != "none":
         if not cfg.tie_word_embeddings:
             skip.add("token_embd.weight")  # nothing else reads it
     # int4 layers take the file's own 4-bit codes and scales; every other consumer dequantizes them
     weights = iter_gguf_tensors(f, dtype, cfg, chunk_elements=_QUANT_CHUNK if quant != "none" else None, skip=skip,
                                 int4=quant != "none")
-    cache = cache if quant != "none" else None  # a float model is not kept: its copy would be several times the file
-    if cache is not None and cache.fill(model):
-        return model
     model.load_weights(weights)
     if cache is not None:
         cache.save(model)

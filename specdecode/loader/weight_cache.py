@@ -3,12 +3,20 @@
 Loading a Q4_K_M file converts every tensor: the file's 4-bit blocks and 6-bit sub-scales re-laid into
 the native kernels' tiles, its Q6_K and Q8_0 tensors requantized. That is ~6 s of the 1.5B's ~7.5 s
 load on a 2-core CPU, repeated by every ``specdecode generate`` for the same result. So the converted
-tensors (the model's state: ~0.9 GB for the 1.5B) are saved once as safetensors, under a key of what
-decides them (the model file, the weight format, the dtype, each layer's kernel, the conversion code
-itself), and the next load copies them in instead. Entries are kept per model file name and weight
-format, the KEEP most recently used (two installs of specdecode, or an A/B of two checkouts, do not
-evict each other at every load). A cache that cannot be read or written is no error: the model is
-converted from the file, as without one."""
+tensors (the model's state: ~0.9 GB for the 1.5B) are saved once, under a key of what decides them (the
+model file, the weight format, the dtype, each layer's kernel, the conversion code itself), and the next
+load maps the file instead: the model's tensors are copy-on-write views of it (``map``). Nothing is
+copied, processes running the same model share its pages, and where the page cache holds the file in
+2 MiB folios (ext4, xfs on recent kernels) the kernel maps those with huge-page entries, which a decode
+step streams faster (as runtime/host_memory.py's arena). Like llama.cpp's mapped GGUF, the pages are the
+file's: under memory pressure the kernel may drop them and read them again.
+
+The file is safetensors (an 8-byte header length, a JSON header giving each tensor's dtype, shape and
+byte range, the bytes), written by ``save`` with every tensor on a 64-byte line (padding entries named
+``__pad__.*`` between them, so that the file stays valid safetensors): the kernels' weight loads want
+whole lines. Entries are kept per model file name and weight format, the KEEP most recently used (two
+installs of specdecode, or an A/B of two checkouts, do not evict each other at every load). A cache that
+cannot be read or written is no error: the model is converted from the file, as without one."""
 from __future__ import annotations
 
 import functools
@@ -16,11 +24,13 @@ import glob
 import hashlib
 import json
 import logging
+import mmap
 import os
 import struct
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ..store import file_identity, replacing
 
@@ -29,6 +39,8 @@ log = logging.getLogger(__name__)
 # the code that decides the converted tensors: a change there is another conversion
 _CODE = ("layers", "kernels", "loader", "models")
 KEEP = 2  # entries kept per model file name and format (the most recently used)
+ALIGN = 64  # every tensor's bytes start on a cache line of the file (and so of its mapping)
+_PAD = "__pad__."  # names of the padding entries between tensors
 _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
            torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.bool: "BOOL"}  # safetensors' names
 
@@ -49,25 +61,19 @@ class WeightCache:
         self.model_path, self.directory = Path(model_path).resolve(), Path(directory)
 
     def _key(self, model: torch.nn.Module) -> dict:
+        # entries hold CPU models (the loader's only use); the model may still be on the meta device
         kernels = sorted({f"{type(m).__name__}:{m.kernel}" for m in model.modules() if hasattr(m, "kernel")})
         return {**file_identity(self.model_path), "quant": model.quant, "dtype": str(model.dtype),
-                "device": model.device.type, "kernels": kernels, "code": _code_digest()}
+                "device": "cpu", "kernels": kernels, "code": _code_digest()}
 
     def _file(self, key: dict) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         return self.directory / f"{self.model_path.stem}-{key['quant']}-{digest}.safetensors"
 
-    def fill(self, model: torch.nn.Module) -> bool:
-        """Reads the saved tensors into ``model`` (built by build_model, not loaded); False where no
-        entry matches its key, names, shapes and types (the model may then hold some of them: the
-        caller loads it from the file, which writes every tensor).
-
-        Each tensor's bytes are read straight into the model's own buffer. safetensors' reader maps
-        the whole file and returns new tensors: the mapped pages (0.9 GB for the 1.5B) then count
-        towards the process's memory beside the model until the file is closed, a copy follows, and
-        its tensors sit 16 bytes off the 64-byte boundary the kernels' weight loads want. The format
-        is an 8-byte header length, a JSON header (each tensor's dtype, shape and byte range after
-        it) and the bytes."""
+    def map(self, model: torch.nn.Module) -> bool:
+        """Gives every tensor of ``model`` (built by build_model(allocate=False): all on the meta device)
+        a copy-on-write view of the saved file; False, with the model untouched, where no entry matches
+        its key, names, shapes and types, or the file is short or unaligned."""
         try:
             key = self._key(model)
             path = self._file(key)
@@ -78,20 +84,30 @@ class WeightCache:
                 (n,) = struct.unpack("<Q", f.read(8))
                 header = json.loads(f.read(n))
                 meta = header.pop("__metadata__", None) or {}
-                if json.loads(meta.get("key", "null")) != key or set(header) != set(state):
+                if (json.loads(meta.get("key", "null")) != key
+                        or {k for k in header if not k.startswith(_PAD)} != set(state)):
                     return False
+                size = os.fstat(f.fileno()).st_size
                 for name, dst in state.items():
-                    h, size = header[name], dst.numel() * dst.element_size()
-                    begin, end = h["data_offsets"]
-                    if (h["dtype"] != _DTYPES.get(dst.dtype) or h["shape"] != list(dst.shape) or end - begin != size
-                            or not dst.is_contiguous()):
+                    h = header[name]
+                    begin, end = (8 + n + o for o in h["data_offsets"])
+                    if (h["dtype"] != _DTYPES.get(dst.dtype) or h["shape"] != list(dst.shape) or begin % ALIGN
+                            or end - begin != dst.numel() * dst.element_size() or end > size):
                         return False
-                    f.seek(8 + n + begin)
-                    if f.readinto(memoryview(dst.reshape(-1).view(torch.uint8).numpy())) != size:
-                        return False
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            for name, dst in state.items():
+                begin = 8 + n + header[name]["data_offsets"][0]
+                view = (torch.frombuffer(mapped, dtype=dst.dtype, count=dst.numel(), offset=begin).view(dst.shape)
+                        if dst.numel() else torch.empty(dst.shape, dtype=dst.dtype))
+                owner, _, attr = name.rpartition(".")
+                module = model.get_submodule(owner)
+                if attr in module._parameters:
+                    module._parameters[attr] = nn.Parameter(view, requires_grad=False)
+                else:
+                    module._buffers[attr] = view
             os.utime(path)  # used: the last to be evicted
         except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
-            log.debug("converted weights not read: %s", exc)
+            log.debug("converted weights not mapped: %s", exc)
             return False
         return True
 
@@ -99,17 +115,32 @@ class WeightCache:
         """Saves the model's state (atomically: a concurrent load reads the old file or the new one)
         and removes the entries for the same model file name and format beyond the KEEP most recently
         used."""
-        from safetensors import SafetensorError
-        from safetensors.torch import save_file
-
         try:
             key = self._key(model)
             path = self._file(key)
-            with replacing(path) as tmp:
-                save_file({n: t.contiguous() for n, t in model.state_dict().items()}, tmp,
-                          metadata={"key": json.dumps(key, sort_keys=True)})
+            state = {n: t.contiguous() for n, t in model.state_dict().items()}
+            header, offset = {}, 0
+            for name, t in state.items():
+                pad = -offset % ALIGN
+                if pad:
+                    header[f"{_PAD}{len(header)}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [offset, offset + pad]}
+                    offset += pad
+                nbytes = t.numel() * t.element_size()
+                header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
+                                "data_offsets": [offset, offset + nbytes]}
+                offset += nbytes
+            header["__metadata__"] = {"key": json.dumps(key, sort_keys=True)}
+            text = json.dumps(header).encode()
+            text += b" " * (-(8 + len(text)) % ALIGN)  # the bytes start on a line (safetensors allows the spaces)
+            with replacing(path) as tmp, open(tmp, "wb") as f:
+                f.write(struct.pack("<Q", len(text)) + text)
+                for name, t in state.items():
+                    if f.tell() % ALIGN:
+                        f.write(bytes(-f.tell() % ALIGN))
+                    if t.numel():
+                        f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
             entries = self.directory.glob(f"{glob.escape(self.model_path.stem)}-{key['quant']}-*.safetensors")
             for old in sorted(entries, key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
                 old.unlink(missing_ok=True)
-        except (OSError, SafetensorError) as exc:  # e.g. a full or read-only disk
+        except (OSError, KeyError) as exc:  # e.g. a full or read-only disk
             log.debug("converted weights not saved: %s", exc)

@@ -56,10 +56,13 @@ def _quantized(linear: nn.Linear, quant: str, device: torch.device) -> nn.Module
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                quant: str = "none", head_quant: str = "int8", embedding: nn.Module | None = None) -> nn.Module:
+                quant: str = "none", head_quant: str = "int8", embedding: nn.Module | None = None,
+                allocate: bool = True) -> nn.Module:
     """quant: weight format of the decoder's linear layers (none = dtype); the LM head gets
     ``head_quant`` and the embedding table int8 rows whenever quant != none, unless ``embedding``
-    (a ready module, e.g. the GGUF loader's FileEmbedding) is given: then that one is used."""
+    (a ready module, e.g. the GGUF loader's FileEmbedding) is given: then that one is used.
+    allocate=False leaves every tensor on the meta device, laid out for ``device``: for tensors that
+    come from elsewhere (a mapped file), else ``allocate_model``. A tied int8 embedding needs allocate."""
     if cfg.arch not in ARCHITECTURES:
         raise UnsupportedModelError(f"unsupported architecture {cfg.arch!r} (supported: {', '.join(ARCHITECTURES)})")
     if quant not in format_names():
@@ -77,15 +80,25 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype = torch.float32, device: st
             # set before allocation, so that the float table it replaces is never allocated
             model.embed_tokens = embedding if embedding is not None else \
                 Int8Embedding(cfg.vocab_size, cfg.hidden_size, dtype)
+    model.quant = quant  # read by the engine (KV-cache type) and reports
+    model = model.eval().requires_grad_(False)
+    if not allocate:
+        return model
+    model = allocate_model(model, device)
+    if quant != "none" and embedding is None and cfg.tie_word_embeddings and hasattr(model.lm_head, "int8_rows"):
+        model.embed_tokens.share_with(model.lm_head)  # one int8 table for the tied embedding and head
+    return model
+
+
+def allocate_model(model: nn.Module, device: str | torch.device) -> nn.Module:
+    """The tensors of a model that build_model left on the meta device, allocated on ``device``,
+    uninitialised but for the norms' weights (ones)."""
     # Each tensor allocated once, uninitialised, in its final dtype: loading a model never holds a second
     # full copy of it. On the CPU in huge pages, which a decode step streams faster (runtime/host_memory.py).
     # (nn.Module.to_empty allocates through torch.empty_like, whose meta path imports sympy: ~0.3 s of
     # every load.)
     model = host_memory.allocate(model, device)
-    if quant != "none" and embedding is None and cfg.tie_word_embeddings and hasattr(model.lm_head, "int8_rows"):
-        model.embed_tokens.share_with(model.lm_head)  # one int8 table for the tied embedding and head
     for m in model.modules():
         if m.__class__.__name__ == "RMSNorm":
             torch.nn.init.ones_(m.weight)
-    model.quant = quant  # read by the engine (KV-cache type) and reports
-    return model.eval().requires_grad_(False)
+    return model.requires_grad_(False)
