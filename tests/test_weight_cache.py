@@ -113,8 +113,32 @@ def test_a_cached_load_maps_the_entry_copy_on_write(tmp_path, gguf_path, monkeyp
             line = next(ln for ln in maps if int(ln.split()[0].split("-")[0], 16) <= t.data_ptr()
                         < int(ln.split()[0].split("-")[1], 16))
             assert line.endswith(str(entry))
+        from test_host_memory import mapping_of
+
+        assert "hg" in mapping_of(tensors[0].data_ptr())["VmFlags"]  # marked for huge pages
     qweight = mapped.layers[0].mlp.down_proj.qweight
     qweight.fill_(0)  # copy on write: the file keeps its bytes
     again = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
     assert torch.equal(again.layers[0].mlp.down_proj.qweight, converted.layers[0].mlp.down_proj.qweight)
     assert not torch.equal(qweight, converted.layers[0].mlp.down_proj.qweight)
+
+
+def test_an_entry_is_written_in_whole_blocks():
+    """Whole BLOCK-sized writes (the last excepted): the page cache then holds the entry in 2 MiB folios,
+    which the next load's mapping takes as huge pages."""
+    import io
+
+    from specdecode.loader import weight_cache
+
+    class Recorder(io.BytesIO):
+        sizes: list = []
+
+        def write(self, b):
+            self.sizes.append(len(memoryview(b)))
+            return super().write(b)
+
+    pieces = [b"x" * 10, bytes(range(256)) * 9000, memoryview(torch.arange(700_000, dtype=torch.int32).numpy()), b"end"]
+    f = Recorder()
+    weight_cache._write_blocks(f, iter(pieces))
+    assert f.getvalue() == b"".join(bytes(memoryview(p).cast("B")) for p in pieces)
+    assert all(n == weight_cache.BLOCK for n in f.sizes[:-1]) and 0 < f.sizes[-1] <= weight_cache.BLOCK

@@ -6,10 +6,12 @@ load on a 2-core CPU, repeated by every ``specdecode generate`` for the same res
 tensors (the model's state: ~0.9 GB for the 1.5B) are saved once, under a key of what decides them (the
 model file, the weight format, the dtype, each layer's kernel, the conversion code itself), and the next
 load maps the file instead: the model's tensors are copy-on-write views of it (``map``). Nothing is
-copied, processes running the same model share its pages, and where the page cache holds the file in
+copied, and processes running the same model share its pages. Where the page cache holds the file in
 2 MiB folios (ext4, xfs on recent kernels) the kernel maps those with huge-page entries, which a decode
-step streams faster (as runtime/host_memory.py's arena). Like llama.cpp's mapped GGUF, the pages are the
-file's: under memory pressure the kernel may drop them and read them again.
+step streams faster (as runtime/host_memory.py's arena): ``save`` writes whole 2 MiB blocks, which leaves
+the new entry in such folios, and the mapping is marked MADV_HUGEPAGE, which has a later read of an
+evicted entry fill them too. Like llama.cpp's mapped GGUF, the pages are the file's: under memory
+pressure the kernel may drop them and read them again.
 
 The file is safetensors (an 8-byte header length, a JSON header giving each tensor's dtype, shape and
 byte range, the bytes), written by ``save`` with every tensor on a 64-byte line (padding entries named
@@ -41,6 +43,7 @@ _CODE = ("layers", "kernels", "loader", "models")
 KEEP = 2  # entries kept per model file name and format (the most recently used)
 ALIGN = 64  # every tensor's bytes start on a cache line of the file (and so of its mapping)
 _PAD = "__pad__."  # names of the padding entries between tensors
+BLOCK = 2 << 20  # bytes per write of an entry (a huge page)
 _DTYPES = {torch.uint8: "U8", torch.int8: "I8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",
            torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.bool: "BOOL"}  # safetensors' names
 
@@ -52,6 +55,24 @@ def _code_digest() -> str:
     for path in sorted(p for d in _CODE for p in (root / d).rglob("*") if p.suffix in (".py", ".c", ".h")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:16]
+
+
+def _write_blocks(f, pieces) -> None:
+    """Writes the concatenated ``pieces`` in whole BLOCK-sized writes at BLOCK offsets (the last one
+    shorter): ext4 and xfs then keep the file's pages in 2 MiB folios, which the next load's mapping
+    takes as huge pages (smaller or unaligned writes leave 4 KiB ones)."""
+    block, fill = bytearray(BLOCK), 0
+    for piece in pieces:
+        view = memoryview(piece).cast("B")
+        while len(view):
+            n = min(len(view), BLOCK - fill)
+            block[fill:fill + n] = view[:n]
+            fill, view = fill + n, view[n:]
+            if fill == BLOCK:
+                f.write(block)
+                fill = 0
+    if fill:
+        f.write(memoryview(block)[:fill])
 
 
 class WeightCache:
@@ -95,6 +116,8 @@ class WeightCache:
                             or end - begin != dst.numel() * dst.element_size() or end > size):
                         return False
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+                if hasattr(mmap, "MADV_HUGEPAGE"):  # page faults read the file in 2 MiB folios
+                    mapped.madvise(mmap.MADV_HUGEPAGE)
             for name, dst in state.items():
                 begin = 8 + n + header[name]["data_offsets"][0]
                 view = (torch.frombuffer(mapped, dtype=dst.dtype, count=dst.numel(), offset=begin).view(dst.shape)
@@ -132,13 +155,19 @@ class WeightCache:
             header["__metadata__"] = {"key": json.dumps(key, sort_keys=True)}
             text = json.dumps(header).encode()
             text += b" " * (-(8 + len(text)) % ALIGN)  # the bytes start on a line (safetensors allows the spaces)
-            with replacing(path) as tmp, open(tmp, "wb") as f:
-                f.write(struct.pack("<Q", len(text)) + text)
+            def pieces():
+                yield struct.pack("<Q", len(text)) + text
+                at = 0
                 for name, t in state.items():
-                    if f.tell() % ALIGN:
-                        f.write(bytes(-f.tell() % ALIGN))
+                    begin, end = header[name]["data_offsets"]
+                    if begin > at:
+                        yield bytes(begin - at)
                     if t.numel():
-                        f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+                        yield memoryview(t.reshape(-1).view(torch.uint8).numpy())
+                    at = end
+
+            with replacing(path) as tmp, open(tmp, "wb") as f:
+                _write_blocks(f, pieces())
             entries = self.directory.glob(f"{glob.escape(self.model_path.stem)}-{key['quant']}-*.safetensors")
             for old in sorted(entries, key=lambda p: p.stat().st_mtime, reverse=True)[KEEP:]:
                 old.unlink(missing_ok=True)
