@@ -903,3 +903,61 @@ for ctx in 256 1000 2000; do python scripts/bench_attention.py /tmp/attn_before.
   --reps 15 --context $ctx; done
 python scripts/bench_attention.py specdecode/kernels/attention.c /tmp/attn_before.c --reps 15 --context 1000
 python scripts/bench_attention.py /tmp/attn_before.c /tmp/attn_before.c --reps 15 --context 1000
+
+# ---- Round 34: attention's scratch on cache lines; SwiGLU on both threads; weights in 2 MiB pages ----
+git show 64722b0:specdecode/kernels/attention.c > /tmp/attn_before.c
+for ctx in 256 1000; do python scripts/bench_attention.py /tmp/attn_before.c specdecode/kernels/attention.c \
+  --reps 21 --context $ctx; done
+sed 's/\["gcc", \*_FLAGS,/["gcc", *_FLAGS, "-mno-avx512f",/' scripts/bench_attention.py > scripts/_ba_avx2.py
+for ctx in 256 1000; do python scripts/_ba_avx2.py /tmp/attn_before.c specdecode/kernels/attention.c \
+  --reps 15 --context $ctx; done; rm scripts/_ba_avx2.py
+# SwiGLU alone, one thread against the team (same bits)
+python -c "
+import time, torch; from specdecode.kernels import native_kernels; nk = native_kernels()
+for R in (1, 5, 9):
+    gu = torch.randn(R, 2 * 8960); ts = {1: [], 2: []}
+    for rep in range(400):
+        for th in (1, 2):
+            torch.set_num_threads(th); t0 = time.perf_counter(); nk.silu_mul(gu); ts[th].append(time.perf_counter() - t0)
+    print(R, {k: sorted(v)[200] * 1e6 for k, v in ts.items()})"
+# whole forwards, both builds in one process; the same sources twice for the noise floor
+python scripts/ab_native.py --rev 64722b0 --tokens 1,5,9 --rounds 41
+python scripts/ab_native.py --rev 64722b0 --tokens 1,5,9 --rounds 31 --context 1000
+python scripts/ab_native.py --rev HEAD --tokens 1,5,9 --rounds 31
+# 4 KiB against 2 MiB pages
+python scripts/ab_hugepages.py --stream --rounds 30
+for i in 1 2; do python scripts/ab_hugepages.py --rounds 41; done
+python scripts/ab_hugepages.py --mapped --rounds 61; python scripts/ab_hugepages.py --mapped --rounds 61 --b-first
+# a fresh huge page's first touch on this VM: 900 MB, again at once, again after 5 s
+python -c "
+import mmap, time, torch
+for pause in (0, 0, 5, 0, 5):
+    time.sleep(pause); m = mmap.mmap(-1, 900 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    m.madvise(mmap.MADV_HUGEPAGE); t = torch.frombuffer(m, dtype=torch.uint8)
+    t0 = time.perf_counter(); t.zero_(); print(pause, time.perf_counter() - t0); del t; m.close()"
+# the engine's construction, arena (default) and ordinary tensors, in turns
+for i in 1 2; do for mode in auto off; do SPECDECODE_HUGEPAGES=$mode python -c "
+import time; from specdecode import LLM; t = time.perf_counter()
+LLM('qwen2.5-coder-1.5b-instruct', spec_type='none'); print('$mode', time.perf_counter() - t)"; done; done
+# how much of the mapped entry is mapped as huge pages (after a generate; drop_caches first for a cold read)
+sync; echo 1 > /proc/sys/vm/drop_caches
+python -c "
+import re; from specdecode import LLM, SamplingParams
+llm = LLM('qwen2.5-coder-1.5b-instruct', spec_type='none'); llm.generate(['hi'], SamplingParams(max_tokens=4))
+parts = re.split(r'\n(?=[0-9a-f]+-[0-9a-f]+ )', open('/proc/self/smaps').read())
+print(sum(int(l.split()[1]) for p in parts if 'weights/' in p.split('\n')[0]
+          for l in p.split('\n') if l.startswith('FilePmdMapped')) // 1024, 'MB')"
+# 256 MB written in 2 MiB and in 1 MB blocks, then mapped: how much in huge pages
+for chunk in 2097152 1000000; do python -c "
+import mmap, os, re; p = os.path.expanduser('~/.cache/specdecode/fw_test.bin'); buf = os.urandom($chunk)
+with open(p, 'wb') as f:
+    for _ in range((256 << 20) // $chunk): f.write(buf)
+m = mmap.mmap(os.open(p, os.O_RDONLY), 0, access=mmap.ACCESS_COPY); m.madvise(mmap.MADV_HUGEPAGE)
+sum(m[o] for o in range(0, len(m), 4096))
+print($chunk, [l for q in re.split(r'\n(?=[0-9a-f]+-[0-9a-f]+ )', open('/proc/self/smaps').read())
+               if 'fw_test' in q.split('\n')[0] for l in q.split('\n') if 'FilePmdMapped' in l]); os.unlink(p)"; done
+git worktree add -f /tmp/wt_base 64722b0
+python scripts/bench_startup.py --configs none,auto,none@/tmp/wt_base,auto@/tmp/wt_base --rounds 3
+git worktree remove --force /tmp/wt_base
+for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
+for i in 1 2; do SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
