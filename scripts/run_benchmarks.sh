@@ -961,3 +961,9 @@ python scripts/bench_startup.py --configs none,auto,none@/tmp/wt_base,auto@/tmp/
 git worktree remove --force /tmp/wt_base
 for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
 for i in 1 2; do SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto \
+  --theirs plain,ngram-mod --rounds 2 --json-out out/r34_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r34_vs_llamacpp_avx2.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,auto \
+  --categories rag,stem,math --reps 2

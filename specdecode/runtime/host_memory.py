@@ -79,7 +79,7 @@ class Arena:
         numel = 1
         for s in shape:
             numel *= s
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = numel * dtype.itemsize
         if nbytes == 0 or self._next + nbytes > len(self._map):
             return torch.empty(shape, dtype=dtype)
         t = torch.frombuffer(self._map, dtype=dtype, count=numel, offset=self._next).view(shape)
