@@ -967,3 +967,6 @@ SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama
   --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r34_vs_llamacpp_avx2.json
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,auto \
   --categories rag,stem,math --reps 2
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r34_sb5.json
+python scripts/spec_bench_categories.py out/r34_sb5.json
