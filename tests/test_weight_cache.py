@@ -142,3 +142,24 @@ def test_an_entry_is_written_in_whole_blocks():
     weight_cache._write_blocks(f, iter(pieces))
     assert f.getvalue() == b"".join(bytes(memoryview(p).cast("B")) for p in pieces)
     assert all(n == weight_cache.BLOCK for n in f.sizes[:-1]) and 0 < f.sizes[-1] <= weight_cache.BLOCK
+
+
+def test_an_entry_that_cannot_be_mapped_is_read(tmp_path, gguf_path, monkeypatch):
+    """A filesystem without mmap: the entry's bytes are read into allocated tensors, not converted again."""
+    import mmap
+    import types
+
+    from specdecode.loader import weight_cache
+
+    cache = WeightCache(gguf_path, tmp_path / "weights")
+    converted = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+
+    def refuse(*args, **kwargs):
+        raise OSError(19, "No such device")
+
+    with monkeypatch.context() as m:
+        no_conversion(m)
+        m.setattr(weight_cache, "mmap", types.SimpleNamespace(mmap=refuse, ACCESS_COPY=mmap.ACCESS_COPY))
+        read = load_gguf_model(gguf_path, torch.float32, quant="int4", cache=cache)
+    a, b = converted.state_dict(), read.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)

@@ -266,6 +266,8 @@ def load_gguf_model(source: Source, dtype: torch.dtype = torch.float32, device: 
         if cache.map(model):
             return model
         model = allocate_model(model, device)
+        if cache.read(model):  # an entry its filesystem could not map
+            return model
     if quant != "none":
         if not cfg.tie_word_embeddings:
             skip.add("token_embd.weight")  # nothing else reads it

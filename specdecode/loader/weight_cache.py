@@ -11,7 +11,8 @@ copied, and processes running the same model share its pages. Where the page cac
 step streams faster (as runtime/host_memory.py's arena): ``save`` writes whole 2 MiB blocks, which leaves
 the new entry in such folios, and the mapping is marked MADV_HUGEPAGE, which has a later read of an
 evicted entry fill them too. Like llama.cpp's mapped GGUF, the pages are the file's: under memory
-pressure the kernel may drop them and read them again.
+pressure the kernel may drop them and read them again. Where the file cannot be mapped (a filesystem
+without mmap), ``read`` copies it into allocated tensors instead.
 
 The file is safetensors (an 8-byte header length, a JSON header giving each tensor's dtype, shape and
 byte range, the bytes), written by ``save`` with every tensor on a 64-byte line (padding entries named
@@ -131,6 +132,37 @@ class WeightCache:
             os.utime(path)  # used: the last to be evicted
         except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
             log.debug("converted weights not mapped: %s", exc)
+            return False
+        return True
+
+    def read(self, model: torch.nn.Module) -> bool:
+        """Reads the saved tensors into ``model``'s allocated ones: for an entry that ``map`` found but
+        could not map (a filesystem without mmap). False where no entry matches (the model may then hold
+        some of them: the caller converts it from the file, which writes every tensor)."""
+        try:
+            key = self._key(model)
+            path = self._file(key)
+            if not path.exists():
+                return False
+            state = model.state_dict()
+            with open(path, "rb") as f:
+                (n,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(n))
+                meta = header.pop("__metadata__", None) or {}
+                if (json.loads(meta.get("key", "null")) != key
+                        or {k for k in header if not k.startswith(_PAD)} != set(state)):
+                    return False
+                for name, dst in state.items():
+                    h, size = header[name], dst.numel() * dst.element_size()
+                    begin, end = h["data_offsets"]
+                    if (h["dtype"] != _DTYPES.get(dst.dtype) or h["shape"] != list(dst.shape) or end - begin != size
+                            or not dst.is_contiguous()):
+                        return False
+                    f.seek(8 + n + begin)
+                    if size and f.readinto(memoryview(dst.reshape(-1).view(torch.uint8).numpy())) != size:
+                        return False
+        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+            log.debug("converted weights not read: %s", exc)
             return False
         return True
 
