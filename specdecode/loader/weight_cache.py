@@ -30,7 +30,9 @@ import logging
 import mmap
 import os
 import struct
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 import torch
 from torch import nn
@@ -92,37 +94,51 @@ class WeightCache:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         return self.directory / f"{self.model_path.stem}-{key['quant']}-{digest}.safetensors"
 
+    @contextmanager
+    def _entry(self, model: torch.nn.Module) -> Iterator[tuple[Path, BinaryIO, dict[str, int]] | None]:
+        """The saved entry that matches ``model``, open: (its path, the file, each tensor's byte offset in
+        it); None where none matches the model's key, names, shapes and types, or a tensor lies off its
+        line or past the file's end."""
+        key = self._key(model)
+        path = self._file(key)
+        if not path.exists():
+            yield None
+            return
+        state = model.state_dict()
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(n))
+            meta = header.pop("__metadata__", None) or {}
+            offsets: dict[str, int] | None = {}
+            if (json.loads(meta.get("key", "null")) != key
+                    or {k for k in header if not k.startswith(_PAD)} != set(state)):
+                offsets = None
+            size = os.fstat(f.fileno()).st_size
+            for name, t in state.items() if offsets is not None else ():
+                h = header[name]
+                begin, end = (8 + n + o for o in h["data_offsets"])
+                if (h["dtype"] != _DTYPES.get(t.dtype) or h["shape"] != list(t.shape) or begin % ALIGN
+                        or end - begin != t.numel() * t.element_size() or end > size):
+                    offsets = None
+                    break
+                offsets[name] = begin
+            yield None if offsets is None else (path, f, offsets)
+
     def map(self, model: torch.nn.Module) -> bool:
         """Gives every tensor of ``model`` (built by build_model(allocate=False): all on the meta device)
         a copy-on-write view of the saved file; False, with the model untouched, where no entry matches
-        its key, names, shapes and types, or the file is short or unaligned."""
+        (``_entry``) or the file cannot be mapped."""
         try:
-            key = self._key(model)
-            path = self._file(key)
-            if not path.exists():
-                return False
-            state = model.state_dict()
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-                meta = header.pop("__metadata__", None) or {}
-                if (json.loads(meta.get("key", "null")) != key
-                        or {k for k in header if not k.startswith(_PAD)} != set(state)):
+            with self._entry(model) as entry:
+                if entry is None:
                     return False
-                size = os.fstat(f.fileno()).st_size
-                for name, dst in state.items():
-                    h = header[name]
-                    begin, end = (8 + n + o for o in h["data_offsets"])
-                    if (h["dtype"] != _DTYPES.get(dst.dtype) or h["shape"] != list(dst.shape) or begin % ALIGN
-                            or end - begin != dst.numel() * dst.element_size() or end > size):
-                        return False
+                path, f, offsets = entry
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
                 if hasattr(mmap, "MADV_HUGEPAGE"):  # page faults read the file in 2 MiB folios
                     mapped.madvise(mmap.MADV_HUGEPAGE)
-            for name, dst in state.items():
-                begin = 8 + n + header[name]["data_offsets"][0]
-                view = (torch.frombuffer(mapped, dtype=dst.dtype, count=dst.numel(), offset=begin).view(dst.shape)
-                        if dst.numel() else torch.empty(dst.shape, dtype=dst.dtype))
+            for name, dst in model.state_dict().items():
+                view = (torch.frombuffer(mapped, dtype=dst.dtype, count=dst.numel(), offset=offsets[name])
+                        .view(dst.shape) if dst.numel() else torch.empty(dst.shape, dtype=dst.dtype))
                 owner, _, attr = name.rpartition(".")
                 module = model.get_submodule(owner)
                 if attr in module._parameters:
@@ -140,27 +156,18 @@ class WeightCache:
         could not map (a filesystem without mmap). False where no entry matches (the model may then hold
         some of them: the caller converts it from the file, which writes every tensor)."""
         try:
-            key = self._key(model)
-            path = self._file(key)
-            if not path.exists():
-                return False
-            state = model.state_dict()
-            with open(path, "rb") as f:
-                (n,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(n))
-                meta = header.pop("__metadata__", None) or {}
-                if (json.loads(meta.get("key", "null")) != key
-                        or {k for k in header if not k.startswith(_PAD)} != set(state)):
+            with self._entry(model) as entry:
+                if entry is None:
                     return False
-                for name, dst in state.items():
-                    h, size = header[name], dst.numel() * dst.element_size()
-                    begin, end = h["data_offsets"]
-                    if (h["dtype"] != _DTYPES.get(dst.dtype) or h["shape"] != list(dst.shape) or end - begin != size
-                            or not dst.is_contiguous()):
+                path, f, offsets = entry
+                for name, dst in model.state_dict().items():
+                    size = dst.numel() * dst.element_size()
+                    if not dst.is_contiguous():
                         return False
-                    f.seek(8 + n + begin)
+                    f.seek(offsets[name])
                     if size and f.readinto(memoryview(dst.reshape(-1).view(torch.uint8).numpy())) != size:
                         return False
+            os.utime(path)
         except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
             log.debug("converted weights not read: %s", exc)
             return False
@@ -178,7 +185,8 @@ class WeightCache:
             for name, t in state.items():
                 pad = -offset % ALIGN
                 if pad:
-                    header[f"{_PAD}{len(header)}"] = {"dtype": "U8", "shape": [pad], "data_offsets": [offset, offset + pad]}
+                    header[f"{_PAD}{len(header)}"] = {"dtype": "U8", "shape": [pad],
+                                                       "data_offsets": [offset, offset + pad]}
                     offset += pad
                 nbytes = t.numel() * t.element_size()
                 header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape),
