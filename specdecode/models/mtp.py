@@ -25,7 +25,6 @@ from torch import nn
 from ..layers.linear import make_linear
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
-from ..runtime import host_memory
 from ..runtime.attention import backend
 from .config import ModelConfig
 from .llama import DecoderLayer, LlamaModel
@@ -201,11 +200,8 @@ def chained_explicit(head: MTPHead, target, nxt: torch.Tensor, h_in: torch.Tenso
 
 def build_mtp_head(cfg: MTPConfig, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> MTPHead:
     """Allocated without initialisation (norms at 1), frozen; the loader or the trainer fills the weights."""
+    from . import allocate_model  # here: the package imports this module while it discovers architectures
+
     with torch.device("meta"):
         head = MTPHead(cfg)
-    # allocated as build_model allocates a model (Module.to_empty's meta path imports sympy: ~0.3 s)
-    head = host_memory.allocate(head.to(dtype=dtype), device)
-    for mod in head.modules():
-        if isinstance(mod, RMSNorm):
-            nn.init.ones_(mod.weight)
-    return head.eval().requires_grad_(False)
+    return allocate_model(head.to(dtype=dtype), device).eval()
