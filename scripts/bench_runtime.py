@@ -5,28 +5,79 @@ v(t)/v(1) for t = 1..9 new tokens.
     python scripts/bench_runtime.py --model qwen2.5-coder-1.5b-instruct --quant int4 --threads 2
 
 Every figure is a median over --reps runs in this process. Bandwidth is measured here, in the same
-process and thread count, by summing a 1 GiB float32 tensor (a pure streaming read), right before
-each decode run: the host's bandwidth drifts by tens of percent within minutes, so each run's
+process and thread count, by reading 1 GiB float32 buffers (pure streaming reads on every thread),
+right before each decode run: the host's bandwidth drifts by tens of percent within minutes, so each run's
 fraction of the ceiling is its decode against its own probe, and the median and range of those
 fractions are reported. The verify curve's ratios are likewise paired within each of 9 rounds
-(median and range over the rounds)."""
+(median and range over the rounds).
+
+The probe reads three ways and the ceiling is the fastest: torch's x.sum() (the probe of rounds before
+35) and scripts/stream_read.c (eight 256-bit accumulators per thread, software prefetch) over a buffer in
+ordinary 4 KiB pages, and stream_read.c over one in transparent 2 MiB pages (an anonymous mapping marked
+MADV_HUGEPAGE and faulted in before timing). The weights sit in 2 MiB pages where the host gives them
+(runtime/host_memory.py, the weight cache's mapping), so a ceiling measured in 4 KiB pages alone could
+sit below what the same memory streams at in them; on a VM, which way reads fastest changes from moment
+to moment (docs/benchmarks.md, round 35)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import mmap
+import os
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 
-def bandwidth(x: torch.Tensor, reps: int = 5) -> float:
-    """Bytes per second of x.sum(), median of reps; x: 1 GiB float32, far beyond any cache."""
-    x.sum()
+def huge_page_tensor(nbytes: int) -> tuple[torch.Tensor, float]:
+    """float32 zeros of ``nbytes`` in an anonymous mapping marked for 2 MiB pages, faulted in; and the
+    share of it the kernel backs with huge pages (AnonHugePages of the mapping in /proc/self/smaps; 0
+    where transparent huge pages are off)."""
+    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):
+        pass
+    x = torch.frombuffer(m, dtype=torch.float32)
+    x.zero_()
+    start = x.data_ptr()
+    huge, cur = 0, None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and len(head) > 4:
+            lo, hi = (int(v, 16) for v in head[0].split("-"))
+            cur = lo <= start < hi
+        elif cur and head[0] == "AnonHugePages:":
+            huge = int(head[1]) * 1024
+    return x, huge / nbytes
+
+
+def stream_reader():
+    """stream_read(x, threads) -> x's float sum, read by the native probe (built here with the C compiler)."""
+    src = Path(__file__).with_name("stream_read.c")
+    out = Path(tempfile.gettempdir()) / f"specdecode_stream_read_{int(src.stat().st_mtime)}.so"
+    if not out.exists():
+        tmp = out.with_suffix(f".{os.getpid()}.so")
+        subprocess.run(["cc", "-O2", "-mavx2", "-shared", "-fPIC", str(src), "-o", str(tmp), "-lpthread"], check=True)
+        tmp.replace(out)
+    lib = ctypes.CDLL(str(out))
+    lib.stream_read.restype = ctypes.c_float
+    lib.stream_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return lambda x, threads: lib.stream_read(x.data_ptr(), x.numel(), threads)
+
+
+def bandwidth(read, x: torch.Tensor, reps: int = 5) -> float:
+    """Bytes per second of read(x), median of reps; x: 1 GiB float32, far beyond any cache."""
+    read(x)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        x.sum()
+        read(x)
         times.append(time.perf_counter() - t0)
     return x.numel() * 4 / statistics.median(times)
 
@@ -66,9 +117,15 @@ def main():
     slot = kv.allocate()
     wbytes = weight_bytes_per_token(eng.model)
     probe = torch.ones(256 * 2**20)
-    prefill, decode, bws = [], [], []
+    probe_huge, huge_share = huge_page_tensor(2**30)
+    native = stream_reader()
+    read = lambda x: native(x, a.threads)  # noqa: E731
+    prefill, decode, bws, bws_4k, bws_2m, bws_torch = [], [], [], [], [], []
     for _ in range(a.reps + 1):  # the first round warms up and is dropped
-        bws.append(bandwidth(probe, reps=3))
+        bws_torch.append(bandwidth(lambda x: x.sum(), probe, reps=3))
+        bws_4k.append(bandwidth(read, probe, reps=3))
+        bws_2m.append(bandwidth(read, probe_huge, reps=3))
+        bws.append(max(bws_4k[-1], bws_2m[-1], bws_torch[-1]))
         kv.set_length(slot, 0)
         t0 = time.perf_counter()
         logits, _, _ = runner.forward([slot], [prompt], last_only=True)
@@ -82,7 +139,7 @@ def main():
         t2 = time.perf_counter()
         prefill.append(len(prompt) / (t1 - t0))
         decode.append(a.decode_tokens / (t2 - t1))
-    prefill, decode, bws = prefill[1:], decode[1:], bws[1:]
+    prefill, decode, bws, bws_4k, bws_2m, bws_torch = (v[1:] for v in (prefill, decode, bws, bws_4k, bws_2m, bws_torch))
     fractions = [d * wbytes / bw for d, bw in zip(decode, bws)]
     # verify cost curve at a 256-token context: one forward over t new tokens, rolled back. Rounds
     # interleave t = 1..9, so a drift of the machine's speed during the run hits every t alike.
@@ -100,6 +157,9 @@ def main():
         "model": a.model, "quant": eng.model.quant, "threads": a.threads,
         "prefill_tok_s": round(statistics.median(prefill), 2), "decode_tok_s": round(statistics.median(decode), 2),
         "weight_bytes_per_token": wbytes, "bandwidth_GB_s": round(bw / 1e9, 2),
+        "bandwidth_4k_GB_s": round(statistics.median(bws_4k) / 1e9, 2),
+        "bandwidth_2m_GB_s": round(statistics.median(bws_2m) / 1e9, 2), "probe_2m_huge_share": round(huge_share, 3),
+        "bandwidth_torch_sum_GB_s": round(statistics.median(bws_torch) / 1e9, 2),
         "ceiling_tok_s": round(bw / wbytes, 2),
         "fraction_of_ceiling": round(statistics.median(fractions), 3),
         "fraction_of_ceiling_range": [round(min(fractions), 3), round(max(fractions), 3)],
