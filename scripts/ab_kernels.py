@@ -9,7 +9,9 @@ first. The same file given twice measures the noise floor (the two builds differ
 Default (cache-hot): one 1536 x 1536 int4 matrix (1.2 MB) and a 1024 x 1536 int8 one, medians of 9
 batches of 1000 calls per row count. ``--stream``: the 1.5B's 112 int4 decoder matrices (Qwen2.5-1.5B
 shapes, random codes) and its int8 LM head streamed from DRAM as a decode step streams them, medians of
-8 passes. ``--flags``: extra compiler flags for both builds (``-mno-avx512f``: the AVX2 body)."""
+8 passes (``--passes``), in 4 KiB pages or, with ``--huge-pages``, in 2 MiB pages as the engine's weights
+are where the host gives them (runtime/host_memory.py). ``--flags``: extra compiler flags for both builds
+(``-mno-avx512f``: the AVX2 body)."""
 from __future__ import annotations
 
 import argparse
@@ -48,12 +50,23 @@ def int4_matrix(n: int, k: int) -> tuple[int, int, torch.Tensor, tuple[torch.Ten
     return n, k, torch.randint(0, 256, (n, k // 2), dtype=torch.uint8), (sub, sup)
 
 
+def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` in an arena of 2 MiB pages, kept however slowly they fault in."""
+    from specdecode.runtime import host_memory
+    host_memory.CHUNK_LIMIT = float("inf")
+    out = host_memory.Arena(t.numel() * t.element_size()).empty(tuple(t.shape), t.dtype)
+    out.copy_(t)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("sources", nargs=2, help="two quant_gemm.c files: before, after")
     ap.add_argument("--flags", default="", help="extra compiler flags for both builds")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--stream", action="store_true", help="a whole model's matrices from DRAM instead of one hot matrix")
+    ap.add_argument("--huge-pages", action="store_true", help="--stream's matrices in 2 MiB pages (module doc)")
+    ap.add_argument("--passes", type=int, help="passes per build and row count (default: 8 streamed, 9 cache-hot)")
     ap.add_argument("--int4-only", action="store_true", help="leave the int8 matrix out")
     ap.add_argument("--no-check", action="store_true",
                     help="skip the bit-for-bit check: for timing-only variants (a step removed to see its cost)")
@@ -74,6 +87,10 @@ def main() -> int:
             torch.rand(1024), 1024, (1, 2, 3, 5, 9), 9, 1000
     if a.rows:
         rows = tuple(int(x) for x in a.rows.split(","))
+    passes = a.passes or passes
+    if a.huge_pages:
+        mats = [(n, k, in_huge_pages(p), s) for n, k, p, s in mats]
+        head = in_huge_pages(head)
     for r in rows:
         xs = {k: torch.randn(r, k) for k in {k for _, k, _, _ in mats}}
 
@@ -90,8 +107,11 @@ def main() -> int:
                     run(lib)
                 t.append((time.perf_counter() - t0) / calls)
         a_ms, b_ms = (statistics.median(t) * 1e3 for t in times)
+        a_min, b_min = (min(t) * 1e3 for t in times)
+        pairs = statistics.median(y / x for x, y in zip(*times))  # each pass's B against the A beside it
         unit, scale = ("ms", 1) if a.stream else ("us", 1000)
-        print(f"{r} rows: {a_ms * scale:.1f} {unit} -> {b_ms * scale:.1f} {unit} ({b_ms / a_ms:.2f})")
+        print(f"{r} rows: {a_ms * scale:.1f} {unit} -> {b_ms * scale:.1f} {unit} ({b_ms / a_ms:.2f}); "
+              f"fastest {a_min * scale:.1f} -> {b_min * scale:.1f} ({b_min / a_min:.2f}); paired {pairs:.2f}")
     return 0
 
 
