@@ -34,9 +34,9 @@ def build_at(rev: str):
     tmp = Path(tempfile.mkdtemp(prefix="ab_native_"))
     files = kernels._SOURCES + kernels._HEADERS
     for f in files:
-        text = subprocess.run(["git", "show", f"{rev}:specdecode/kernels/{f.name}"], cwd=ROOT, check=True,
-                              capture_output=True, text=True).stdout
-        (tmp / f.name).write_text(text)
+        got = subprocess.run(["git", "show", f"{rev}:specdecode/kernels/{f.name}"], cwd=ROOT, capture_output=True,
+                             text=True)
+        (tmp / f.name).write_text(got.stdout)  # empty where rev lacks the file (a header its sources do not use)
     saved = kernels._SOURCES, kernels._HEADERS
     kernels._SOURCES = tuple(tmp / f.name for f in saved[0])
     kernels._HEADERS = tuple(tmp / f.name for f in saved[1])
