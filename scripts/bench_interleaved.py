@@ -5,6 +5,11 @@ requests one after the other and its per-prompt ratios carry that drift. Decode 
 after the first token); every repetition starts the other configurations' drafters afresh. Prints each
 configuration's speed relative to the first one's.
 
+With --batch N, each repetition runs --requests prompts (N by default; the categories' first prompts
+in turn, then their second ones, ...) on N slots, all queued at once, as a server's full batch takes
+them: later prompts join as slots free and ride in the decoders' steps. Every step is timed there,
+prompt forwards included (the workload's wall time, as bench-serve's throughput counts it).
+
 A configuration may carry a variant after a colon, for A/B runs of the controller in one process:
   gate-closed     the speculation gate held closed: every step plain, with the drafters' bookkeeping
                   (what the configuration costs where it does not draft)
@@ -13,6 +18,7 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
 
     python scripts/bench_interleaved.py --spec-types none,auto --categories roleplay,rag --reps 3
     python scripts/bench_interleaved.py --spec-types none,auto,auto:optimistic --categories qa --reps 2
+    python scripts/bench_interleaved.py --spec-types none,auto --batch 8 --requests 16 --reps 3
 """
 from __future__ import annotations
 
@@ -39,6 +45,21 @@ def variant(llm, name: str) -> None:
             m.evidence_prior = lambda c: ()
 
 
+def units(prompts: list, cats: list[str] | None, n: int) -> list[tuple[str, list]]:
+    """What one repetition runs: each category's first prompt alone (n = 1), or n prompts taken from
+    the categories in turn (their first prompts, then their second ones, ...)."""
+    by_cat: dict[str, list] = {}
+    for p in prompts:
+        by_cat.setdefault(p.category, []).append(p)
+    if n == 1:
+        return [(c, by_cat[c][:1]) for c in (cats or list(by_cat))]
+    order = [p for i in range(max(map(len, by_cat.values()))) for c in (cats or list(by_cat))
+             for p in by_cat[c][i:i + 1]]
+    if len(order) < n:
+        sys.exit(f"bench_interleaved: {len(order)} prompts where {n} were asked for")
+    return [(f"{n} prompts", order[:n])]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
@@ -50,6 +71,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1, help="slots: prompts decoded at once (module doc)")
+    ap.add_argument("--requests", type=int, help="with --batch: prompts per repetition (default: --batch)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specdecode import LLM, SamplingParams
@@ -60,46 +83,48 @@ def main() -> int:
         if c.partition(":")[2] not in ("", *VARIANTS):
             sys.exit(f"bench_interleaved: unknown variant in {c!r} (known: {', '.join(VARIANTS)})")
     first, others = configs[0], configs[1:]
-    base = LLM(a.model, spec_type=first.partition(":")[0], threads=a.threads, max_num_seqs=1)
+    seqs_cap = max(1, a.batch)
+    requests = max(seqs_cap, a.requests or seqs_cap)
+    base = LLM(a.model, spec_type=first.partition(":")[0], threads=a.threads, max_num_seqs=seqs_cap)
     variant(base, first.partition(":")[2])
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     base.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
     cats = a.categories.split(",") if a.categories else None
-    by_cat = {p.category: p for p in load_prompts(a.prompts, cats, limit=1)}
     ratios: dict[str, list[float]] = {c: [] for c in others}
-    for cat in cats or list(by_cat):
-        ids = base.encode_chat([{"role": "user", "content": by_cat[cat].text}])
+    for cat, prompts in units(load_prompts(a.prompts, cats, limit=-(-requests // len(cats)) if cats else None),
+                              cats, requests if seqs_cap > 1 else 1):
+        ids = [base.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]
         for rep in range(a.reps):
             engines = {first: base.engine}
             for c in others:
                 spec, _, var = c.partition(":")
-                llm = LLM(a.model, spec_type=spec, threads=a.threads, max_num_seqs=1,
+                llm = LLM(a.model, spec_type=spec, threads=a.threads, max_num_seqs=seqs_cap,
                           _model=base.engine.model, _tokenizer=base.tokenizer)
                 variant(llm, var)
                 llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)  # calibration, kernel build
                 engines[c] = llm.engine
             base.engine.reset_prefix_cache()  # every configuration prefills the prompt
-            seqs = {k: e.add_request(list(ids), params) for k, e in engines.items()}
+            seqs = {k: [e.add_request(list(x), params) for x in ids] for k, e in engines.items()}
             spent = dict.fromkeys(engines, 0.0)
             order = list(engines.items())
-            while not all(s.finished for s in seqs.values()):
+            while not all(s.finished for b in seqs.values() for s in b):
                 order = order[1:] + order[:1]  # each engine runs right after each other one in turn
                 for k, e in order:
-                    if seqs[k].finished:
+                    if all(s.finished for s in seqs[k]):
                         continue
-                    decoding = len(seqs[k].output_ids) >= 1
+                    decoding = seqs_cap > 1 or len(seqs[k][0].output_ids) >= 1
                     t0 = time.perf_counter()
                     e.step()
                     if decoding:
                         spent[k] += time.perf_counter() - t0
             parts = []
             for c in others:
-                if seqs[first].output_ids != seqs[c].output_ids:
+                if [s.output_ids for s in seqs[first]] != [s.output_ids for s in seqs[c]]:
                     print(f"WARNING: {c} output differs from {first} on {cat}", file=sys.stderr)
                 ratios[c].append(spent[first] / spent[c])
-                parts.append(f"{c} {spent[c]:.2f} s, {c}/{first} speed {ratios[c][-1]:.3f}, "
-                             f"tau {seqs[c].stats.mean_acceptance_length:.2f}")
+                tau = statistics.mean(s.stats.mean_acceptance_length for s in seqs[c])
+                parts.append(f"{c} {spent[c]:.2f} s, {c}/{first} speed {ratios[c][-1]:.3f}, tau {tau:.2f}")
             print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s, " + "; ".join(parts), flush=True)
         for c in others:
             r = ratios[c][-a.reps:]
