@@ -970,3 +970,72 @@ SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-
 P=$PWD/../shared/datasets/spec_bench/question.jsonl
 python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r34_sb5.json
 python scripts/spec_bench_categories.py out/r34_sb5.json
+
+# ---- Round 35 (thirty-eighth session, Zen 4 host): the host's two bandwidth states; auto in a full batch ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r35_serve.json
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 4 --prompts $P --json-out out/r35_serve_c8.json
+python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 3
+python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --reps 3
+python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --requests 16 --reps 3 --max-tokens 96
+python scripts/bench_states.py --seconds 60
+python scripts/bench_states.py --seconds 45 --gemms
+python scripts/bench_verify_curve.py --rounds 11 --split --gemms
+for i in 1 2; do python scripts/bench_runtime.py --quant auto --reps 3
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3; done
+# the cache-hot and streamed kernel A/Bs (variants: local edits of quant_gemm.c; the high-nibble one multiplies
+# b & 0xF0 into a second accumulator for passes of 1-2 rows and adds it back shifted right by 4 per group)
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_base.c --int4-only --rows 1,2
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_hinib.c --int4-only --rows 1,2,3 --passes 15
+for i in 1 2 3; do python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_hinib.c --stream --huge-pages --int4-only \
+  --rows 1 --passes 30; done
+for v in "FAR 32768" "FAR 65536" "NEAR 8192"; do set -- $v; (echo "#define PF_$1 $2"; cat /tmp/qg_base.c) > /tmp/qg_pf.c
+  python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_pf.c --stream --huge-pages --int4-only --rows 1 --passes 40; done
+# the output projection requested during attention (a local edit of attention.c / layer.c, dropped)
+python scripts/ab_native.py --rev 418082e --tokens 1,5 --rounds 31
+python scripts/ab_native.py --rev 418082e --tokens 1 --rounds 41 --context 1000
+# coding with the head
+python -m specdecode.cli bench -t $T --spec-types none,auto,eagle3 --category coding --limit 5 --max-tokens 128 --prompts $P
+python -m specdecode.cli bench -t $T --spec-types none,eagle3 --draft-fixed --category coding --limit 5 --max-tokens 128 --prompts $P
+for opts in "--eagle-topk 2 --num-draft-tokens 6" "--eagle-topk 4 --num-draft-tokens 8 --num-steps 4"; do
+  python -m specdecode.cli bench -t $T --spec-types none,auto $opts --category coding --limit 5 --max-tokens 128 --prompts $P; done
+# the watch: one-token forwards for 90 s, medians per 3 s, with the process's huge-page mappings
+python - <<'PY'
+import re, statistics, time, torch
+from specdecode.config import EngineConfig
+from specdecode.engine.engine import Engine
+torch.set_num_threads(2)
+eng = Engine(EngineConfig(model="qwen2.5-coder-1.5b-instruct", quant="auto", threads=2, max_model_len=1024))
+prompt = torch.randint(0, 100000, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+slot = eng.kv.allocate(); eng.runner.forward([slot], [prompt], last_only=True)
+start = time.time()
+while time.time() - start < 90:
+    ts, t1 = [], time.time()
+    while time.time() - t1 < 3:
+        eng.kv.set_length(slot, 256); t0 = time.perf_counter()
+        eng.runner.forward([slot], [prompt[:1]], last_only=True); ts.append(time.perf_counter() - t0)
+    pmd = re.search(r"FilePmdMapped:\s+(\d+)", open("/proc/self/smaps_rollup").read()).group(1)
+    print(f"{time.time() - start:5.1f} s median {statistics.median(ts) * 1e3:.1f} ms, FilePmdMapped {int(pmd) // 1024} MB")
+PY
+# matrices cold (after three other layers' gate/up streamed) and again right after (resident in L3)
+python - <<'PY'
+import statistics, time, torch
+from specdecode.config import EngineConfig
+from specdecode.engine.engine import Engine
+from specdecode.kernels import native_kernels
+torch.set_num_threads(2)
+eng = Engine(EngineConfig(model="qwen2.5-coder-1.5b-instruct", quant="auto", threads=2, max_model_len=1024))
+nk, L = native_kernels(), eng.model.layers
+slot = eng.kv.allocate(); eng.runner.forward([slot], [[1, 2, 3]], last_only=True)
+g = lambda m, x: nk.int4_gemm(x, m.qweight, m.qparams, m.qsuper, m.out_features, m.group_size)
+for name in ("o_proj", "down_proj", "gate_up_proj"):
+    cold, warm = [], []
+    for rep in range(20):
+        m = getattr(L[rep % 28].self_attn if name == "o_proj" else L[rep % 28].mlp, name); x = torch.randn(1, m.in_features)
+        for j in range(3): g(L[(rep + 5 + j) % 28].mlp.gate_up_proj, torch.randn(1, 1536))
+        t0 = time.perf_counter(); g(m, x); cold.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); g(m, x); warm.append(time.perf_counter() - t0)
+    print(name, f"cold {statistics.median(cold) * 1e6:.0f} us, warm {statistics.median(warm) * 1e6:.0f} us")
+PY
