@@ -980,6 +980,8 @@ python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 
 python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 3
 python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --reps 3
 python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --requests 16 --reps 3 --max-tokens 96
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed \
+  --batch 8 --requests 16 --reps 2 --max-tokens 96
 python scripts/bench_states.py --seconds 60
 python scripts/bench_states.py --seconds 45 --gemms
 python scripts/bench_verify_curve.py --rounds 11 --split --gemms
