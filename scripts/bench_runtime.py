@@ -58,13 +58,20 @@ def huge_page_tensor(nbytes: int) -> tuple[torch.Tensor, float]:
 
 
 def stream_reader():
-    """stream_read(x, threads) -> x's float sum, read by the native probe (built here with the C compiler)."""
+    """stream_read(x, threads) -> x's float sum, read by the native probe (built here with the C compiler);
+    None where it cannot be built (no compiler, no AVX2): the probe is then torch's sum alone."""
     src = Path(__file__).with_name("stream_read.c")
     out = Path(tempfile.gettempdir()) / f"specdecode_stream_read_{int(src.stat().st_mtime)}.so"
     if not out.exists():
         tmp = out.with_suffix(f".{os.getpid()}.so")
-        subprocess.run(["cc", "-O2", "-mavx2", "-shared", "-fPIC", str(src), "-o", str(tmp), "-lpthread"], check=True)
+        try:
+            subprocess.run(["cc", "-O2", "-mavx2", "-shared", "-fPIC", str(src), "-o", str(tmp), "-lpthread"],
+                           check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            return None
         tmp.replace(out)
+    if "avx2" not in Path("/proc/cpuinfo").read_text():
+        return None
     lib = ctypes.CDLL(str(out))
     lib.stream_read.restype = ctypes.c_float
     lib.stream_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -117,14 +124,14 @@ def main():
     slot = kv.allocate()
     wbytes = weight_bytes_per_token(eng.model)
     probe = torch.ones(256 * 2**20)
-    probe_huge, huge_share = huge_page_tensor(2**30)
     native = stream_reader()
+    probe_huge, huge_share = huge_page_tensor(2**30) if native else (None, 0.0)
     read = lambda x: native(x, a.threads)  # noqa: E731
     prefill, decode, bws, bws_4k, bws_2m, bws_torch = [], [], [], [], [], []
     for _ in range(a.reps + 1):  # the first round warms up and is dropped
         bws_torch.append(bandwidth(lambda x: x.sum(), probe, reps=3))
-        bws_4k.append(bandwidth(read, probe, reps=3))
-        bws_2m.append(bandwidth(read, probe_huge, reps=3))
+        bws_4k.append(bandwidth(read, probe, reps=3) if native else 0.0)
+        bws_2m.append(bandwidth(read, probe_huge, reps=3) if native else 0.0)
         bws.append(max(bws_4k[-1], bws_2m[-1], bws_torch[-1]))
         kv.set_length(slot, 0)
         t0 = time.perf_counter()

@@ -50,6 +50,8 @@ def main() -> int:
     runner.forward([slot], [prompt], last_only=True)
     buf, share = huge_page_tensor(2**30)
     read = stream_reader()
+    if read is None:
+        sys.exit("bench_states: scripts/stream_read.c could not be built (a C compiler and AVX2 are needed)")
     print(f"weights per token {wbytes / 1e6:.0f} MB; probe buffer {share:.0%} in huge pages")
     start = time.time()
     while time.time() - start < a.seconds:
