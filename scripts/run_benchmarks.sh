@@ -1041,3 +1041,5 @@ for name in ("o_proj", "down_proj", "gate_up_proj"):
         t0 = time.perf_counter(); g(m, x); warm.append(time.perf_counter() - t0)
     print(name, f"cold {statistics.median(cold) * 1e6:.0f} us, warm {statistics.median(warm) * 1e6:.0f} us")
 PY
+python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --threads $T --rounds 5
+python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
