@@ -1043,3 +1043,5 @@ for name in ("o_proj", "down_proj", "gate_up_proj"):
 PY
 python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --threads $T --rounds 5
 python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
+python scripts/bench_states.py --seconds 30 --threads 1
+gcc -O3 -march=native -fopenmp -std=c11 -ffp-contract=off -S -o /tmp/qg.s specdecode/kernels/quant_gemm.c  # the one-row loop
