@@ -52,9 +52,8 @@ def int4_matrix(n: int, k: int) -> tuple[int, int, torch.Tensor, tuple[torch.Ten
 
 def in_huge_pages(t: torch.Tensor) -> torch.Tensor:
     """A copy of ``t`` in an arena of 2 MiB pages, kept however slowly they fault in."""
-    from specdecode.runtime import host_memory
-    host_memory.CHUNK_LIMIT = float("inf")
-    out = host_memory.Arena(t.numel() * t.element_size()).empty(tuple(t.shape), t.dtype)
+    from specdecode.runtime.host_memory import Arena
+    out = Arena(t.numel() * t.element_size(), limit=float("inf")).empty(tuple(t.shape), t.dtype)
     out.copy_(t)
     return out
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import mmap
 import os
 import statistics
 import subprocess
@@ -35,15 +34,12 @@ import torch
 
 
 def huge_page_tensor(nbytes: int) -> tuple[torch.Tensor, float]:
-    """float32 zeros of ``nbytes`` in an anonymous mapping marked for 2 MiB pages, faulted in; and the
-    share of it the kernel backs with huge pages (AnonHugePages of the mapping in /proc/self/smaps; 0
-    where transparent huge pages are off)."""
-    m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        m.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError):
-        pass
-    x = torch.frombuffer(m, dtype=torch.float32)
+    """float32 zeros of ``nbytes`` in an arena of 2 MiB pages kept however slowly they fault in
+    (runtime/host_memory.py); and the share of it the kernel backs with huge pages (AnonHugePages of the
+    mapping in /proc/self/smaps; 0 where transparent huge pages are off)."""
+    from specdecode.runtime.host_memory import Arena
+
+    x = Arena(nbytes, limit=float("inf")).empty((nbytes // 4,), torch.float32)
     x.zero_()
     start = x.data_ptr()
     huge, cur = 0, None
@@ -54,12 +50,14 @@ def huge_page_tensor(nbytes: int) -> tuple[torch.Tensor, float]:
             cur = lo <= start < hi
         elif cur and head[0] == "AnonHugePages:":
             huge = int(head[1]) * 1024
-    return x, huge / nbytes
+    return x, min(1.0, huge / nbytes)  # the mapping holds a spare huge page for alignment
 
 
 def stream_reader():
     """stream_read(x, threads) -> x's float sum, read by the native probe (built here with the C compiler);
     None where it cannot be built (no compiler, no AVX2): the probe is then torch's sum alone."""
+    if "avx2" not in Path("/proc/cpuinfo").read_text():
+        return None
     src = Path(__file__).with_name("stream_read.c")
     out = Path(tempfile.gettempdir()) / f"specdecode_stream_read_{int(src.stat().st_mtime)}.so"
     if not out.exists():
@@ -70,8 +68,6 @@ def stream_reader():
         except (OSError, subprocess.CalledProcessError):
             return None
         tmp.replace(out)
-    if "avx2" not in Path("/proc/cpuinfo").read_text():
-        return None
     lib = ctypes.CDLL(str(out))
     lib.stream_read.restype = ctypes.c_float
     lib.stream_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]

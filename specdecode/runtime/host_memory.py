@@ -46,9 +46,12 @@ def _up(n: int, to: int) -> int:
 
 
 class Arena:
-    """Room for tensors of ``nbytes`` bytes in all, cut in order by ``empty``. Uninitialised, like torch.empty."""
+    """Room for tensors of ``nbytes`` bytes in all, cut in order by ``empty``. Uninitialised, like torch.empty.
+    ``limit``: seconds per chunk past which the rest falls back to ordinary pages (default CHUNK_LIMIT;
+    infinity keeps huge pages however slowly they fault in, as a benchmark's buffer wants)."""
 
-    def __init__(self, nbytes: int):
+    def __init__(self, nbytes: int, limit: float | None = None):
+        self._limit = CHUNK_LIMIT if limit is None else limit
         # one spare huge page so that the tensors can start on a huge-page boundary of the mapping
         self._map = mmap.mmap(-1, _up(nbytes, ALIGN) + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         base = torch.frombuffer(self._map, dtype=torch.uint8, count=1).data_ptr()
@@ -68,7 +71,7 @@ class Arena:
             t0 = time.perf_counter()
             for page in range(off, end, HUGE_PAGE):  # one write faults a whole huge page in
                 self._map[page] = 0
-            if time.perf_counter() - t0 > CHUNK_LIMIT:
+            if time.perf_counter() - t0 > self._limit:
                 if end < len(self._map):  # end is on a huge page, so on a page boundary
                     self._map.madvise(mmap.MADV_NOHUGEPAGE, end, len(self._map) - end)
                 return False
