@@ -70,7 +70,9 @@ def test_cost_model_keys_shapes_by_rows():
 
 def never_drafting_llm(spec_type: str = "ngram-simple"):
     """A tiny engine whose drafter never drafts, on a fixed cost curve instead of timings (a loaded
-    machine would make measured ones anything); ``asked`` records each proposal's cap."""
+    machine would make measured ones anything), with the speculation gate held open (these test the
+    controller's records; the gate, which closes after idle steps, has its own tests below);
+    ``asked`` records each proposal's cap."""
     from specdecode.speculative.tree import DraftTree
     from tiny_models import tiny_llm
 
@@ -79,6 +81,7 @@ def never_drafting_llm(spec_type: str = "ngram-simple"):
     eng.planner.calibrated = True
     eng.planner.costs.observe = lambda *a: None
     eng.planner.costs.verify_cost = lambda batch, t: 1.0 + 0.5 * (t - 1)
+    eng.planner.gate.open = lambda batch: True
     asked = []
     eng.proposer.propose = lambda seqs, ks: asked.append(ks[0]) or [DraftTree.empty() for _ in seqs]
     return llm, asked
@@ -430,6 +433,24 @@ def test_a_window_that_drafts_nothing_is_judged_early():
     for _ in range(GATE_PAUSE - 1):  # the loop's last open() was the first closed step
         assert not g.open(8)
     assert steps_until_closed(g, lambda n: 8 * (n == GATE_IDLE - 1)) == GATE_WINDOW
+
+
+def test_a_window_that_drafts_nothing_never_counts_as_paid():
+    """An idle window is plain decoding plus planning: a clock that put its steps under the cost
+    model's plain step (noise) must not keep the gate open or reset the backoff."""
+    from specdecode.speculative.gate import GATE_IDLE, GATE_PAUSE, SpeculationGate
+
+    g = SpeculationGate()
+    pauses = []
+    for _ in range(3):
+        for _ in range(GATE_IDLE):
+            assert g.open(8)
+            g.observe(8, 8, 0.97, 1.0, drafted=0)  # faster than "plain", by the clock
+        n = 1  # the observe above ended the window; count the closed steps
+        while not g.open(8):
+            n += 1
+        pauses.append(n - 1)
+    assert pauses == [GATE_PAUSE, 2 * GATE_PAUSE, 4 * GATE_PAUSE]
 
 
 def test_a_closed_gate_decodes_plainly_and_then_speculates_again():

@@ -29,8 +29,8 @@ class SpeculationGate:
     adds up what the steps spent (``observe``: planning, proposing and the verify forward) and what
     plain decoding would have spent on the tokens they emitted (v(B, 1) / B per token, v from the
     cost model's measured plain steps). A window whose first GATE_IDLE steps verified no draft is judged
-    then: the controller itself chose plain decoding at B each time, so those steps spent planning for
-    nothing and the rest of the window would only add more of it. A window that spent more closes
+    then, and lost whatever the clock says: the controller itself chose plain decoding at B each time,
+    so those steps spent planning for nothing and the rest of the window would only add more of it. A window that spent more closes
     speculation at B for GATE_PAUSE steps of B (``open`` says False: those steps decode plainly and plan
     nothing), doubling with each losing window in a row up to 2**GATE_BACKOFF_MAX; then a fresh window
     tries again. A window that paid resets the backoff. Batch sizes are judged apart: a verify row's
@@ -58,7 +58,9 @@ class SpeculationGate:
         w.drafted += drafted
         if w.steps < GATE_WINDOW and (w.drafted or w.steps < GATE_IDLE):
             return
-        if w.plain < w.seconds:
+        # A window that verified no draft decoded plainly and planned on top: it cannot have paid, and a
+        # clock that says it did (a verify a little faster than the cost model's v(batch, 1)) is noise.
+        if w.plain < w.seconds or not w.drafted:
             w.losses += 1
             w.pause = GATE_PAUSE << min(w.losses - 1, GATE_BACKOFF_MAX)
         else:
