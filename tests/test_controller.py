@@ -377,7 +377,7 @@ def test_the_gate_closes_a_batch_size_where_speculation_lost_and_backs_off():
     def window(gate, batch, tokens, seconds, plain=1.0):
         for _ in range(GATE_WINDOW):
             assert gate.open(batch)
-            gate.observe(batch, tokens, seconds, plain, drafted=batch)  # every step verified drafts
+            gate.observe(batch, tokens, seconds, plain, drafted=batch, planning=0.0)  # every step verified drafts
 
     def closed_for(gate, batch):
         n = 0
@@ -424,7 +424,7 @@ def test_a_window_that_drafts_nothing_is_judged_early():
     def steps_until_closed(gate, drafted):
         n = 0
         while gate.open(8):
-            gate.observe(8, 8, 1.02, 1.0, drafted=drafted(n))
+            gate.observe(8, 8, 1.02, 1.0, drafted=drafted(n), planning=0.02)
             n += 1
         return n
 
@@ -435,23 +435,27 @@ def test_a_window_that_drafts_nothing_is_judged_early():
     assert steps_until_closed(g, lambda n: 8 * (n == GATE_IDLE - 1)) == GATE_WINDOW
 
 
-def test_a_window_that_drafts_nothing_never_counts_as_paid():
-    """An idle window is plain decoding plus planning: a clock that put its steps under the cost
-    model's plain step (noise) must not keep the gate open or reset the backoff."""
-    from specdecode.speculative.gate import GATE_IDLE, GATE_PAUSE, SpeculationGate
+def test_a_window_that_drafts_nothing_is_judged_on_its_planning():
+    """An idle window is plain decoding plus planning: its verify clock against the cost model's plain
+    step is noise. Planning over GATE_IDLE_SHARE of the plain steps' cost loses (the backoff doubles
+    even where the clock put the steps under "plain"); cheap planning stays open without a pause,
+    even where the clock put the steps over it, and leaves the backoff as it was."""
+    from specdecode.speculative.gate import GATE_IDLE, GATE_IDLE_SHARE, GATE_PAUSE, SpeculationGate
+
+    def idle_window(gate, clock, planning):
+        for _ in range(GATE_IDLE):
+            assert gate.open(8)
+            gate.observe(8, 8, clock, 1.0, drafted=0, planning=planning)
+        n = 0  # the observe above ended the window: its pause
+        while not gate.open(8):
+            n += 1
+        return n
 
     g = SpeculationGate()
-    pauses = []
-    for _ in range(3):
-        for _ in range(GATE_IDLE):
-            assert g.open(8)
-            g.observe(8, 8, 0.97, 1.0, drafted=0)  # faster than "plain", by the clock
-        n = 1  # the observe above ended the window; count the closed steps
-        while not g.open(8):
-            n += 1
-        pauses.append(n - 1)
-    assert pauses == [GATE_PAUSE, 2 * GATE_PAUSE, 4 * GATE_PAUSE]
-
+    dear, cheap = 2 * GATE_IDLE_SHARE, GATE_IDLE_SHARE / 4
+    assert [idle_window(g, 0.97, dear) for _ in range(3)] == [GATE_PAUSE, 2 * GATE_PAUSE, 4 * GATE_PAUSE]
+    assert idle_window(g, 1.05, cheap) == 0
+    assert idle_window(g, 0.97, dear) == 4 * GATE_PAUSE  # the cheap window reset nothing
 
 def test_a_closed_gate_decodes_plainly_and_then_speculates_again():
     """The engine asks the gate each step: while it is closed at the batch size the step plans and

@@ -88,8 +88,9 @@ class DraftPlanner:
             if batch == 1 and context <= CHECK_CONTEXT:
                 self._check_saved(timing.verify_rows, timing.verify_s)
         if self.gated is False and not merged:  # an open step: speculation against plain decoding
-            self.gate.observe(batch, sum(1 + r.accepted for r in results), plan_s + timing.propose_s + timing.verify_s,
-                              self.costs.verify_cost(batch, 1), sum(r.drafted for r in results))
+            planning = plan_s + timing.propose_s
+            self.gate.observe(batch, sum(1 + r.accepted for r in results), planning + timing.verify_s,
+                              self.costs.verify_cost(batch, 1), sum(r.drafted for r in results), planning)
         self.gated_steps += bool(self.gated)
 
     def _check_saved(self, tokens: int, seconds: float) -> None:
