@@ -17,6 +17,14 @@ def grow(head: EagleHead, kv: KVCache, backend, K: int, x_last: torch.Tensor, en
     committed entry, entries[b] = (its head KV slot, committed entries in it), K = --eagle-topk. Draft
     entries are written past the committed ones (never committed). Returns per row the candidates in
     creation order as (score, target token, parent candidate index or -1, depth)."""
+    if K == 1:
+        return _chain(head, kv, backend, x_last, entries, root_pos, steps)
+    return _tree(head, kv, backend, K, x_last, entries, root_pos, steps)
+
+
+def _tree(head: EagleHead, kv: KVCache, backend, K: int, x_last: torch.Tensor, entries: list[tuple[int, int]],
+          root_pos: list[int], steps: int) -> list[list[tuple]]:
+    """grow() for any K: frontiers of K nodes, each seeing its ancestors through a visibility mask."""
     h = head
     B, dev = x_last.shape[0], x_last.device
     logp = torch.log_softmax(h.logits(x_last), -1)  # [B, Vd]
@@ -55,6 +63,32 @@ def grow(head: EagleHead, kv: KVCache, backend, K: int, x_last: torch.Tensor, en
         hid = x.gather(1, par.to(dev)[..., None].expand(B, K, x.shape[-1]))
         vis = vis.gather(1, par[..., None].expand(B, K, vis.shape[-1]))
     return cands
+
+
+def _chain(head: EagleHead, kv: KVCache, backend, x_last: torch.Tensor, entries: list[tuple[int, int]],
+           root_pos: list[int], steps: int) -> list[list[tuple]]:
+    """grow() for K = 1, the default: each level is one node per row, whose entry sees the committed
+    prefix and the entries before it, i.e. a plain causal decode step (no visibility masks, frontier
+    gathers or per-level host transfers: at one row those cost about what the head's forward does).
+    The same candidates as grow()'s tree path: (score, token, the previous node or -1, depth)."""
+    h = head
+    B, dev = x_last.shape[0], x_last.device
+    slots, fed = [slot for slot, _ in entries], [n for _, n in entries]
+    score, tok = torch.log_softmax(h.logits(x_last), -1).topk(1, dim=-1)  # [B, 1]
+    tgt = h.to_target(tok)
+    scores, tokens = [score], [tgt]
+    pos = torch.tensor(root_pos).view(B, 1)
+    x = x_last[:, None]  # [B, 1, H]
+    for d in range(2, steps + 1):
+        ctx = Context(kv, slots, [n + d - 2 for n in fed], [1] * B, backend=backend)
+        with use_context(ctx, dev):
+            x = h.step(h.embed(tgt), x, (pos + d - 2).to(dev))
+        score, tok = (torch.log_softmax(h.logits(x[:, 0]), -1) + score).topk(1, dim=-1)
+        tgt = h.to_target(tok)
+        scores.append(score)
+        tokens.append(tgt)
+    sc, tg = torch.cat(scores, 1).tolist(), torch.cat(tokens, 1).tolist()  # [B, steps]
+    return [[(s, t, i - 1, i + 1) for i, (s, t) in enumerate(zip(srow, trow))] for srow, trow in zip(sc, tg)]
 
 
 def select(cands: list[tuple], n: int) -> DraftTree:
