@@ -1,14 +1,17 @@
 """``specdecode bench-serve``: load test of the HTTP server at several concurrencies.
 
 Drives a running server (``--url``) or, per configuration of ``--spec-types``, starts one in this
-process on 127.0.0.1 (target weights loaded once and shared). Each concurrency level sends the
+process on 127.0.0.1 (target weights loaded once and shared), driven from a child process. Each concurrency level sends the
 prompt set as streamed chat requests, ``c`` at a time, starting cold (a fresh engine, or the running
 server's prefix cache reset), and reports request throughput, output tok/s, time to first token,
 inter-token latency (the gap between streamed chunks: with speculation one chunk can carry several
 tokens) and time per output token, p50 / p99 (and the longest inter-token wait), and τ from the servers'
 per-request ``spec`` figures.
-Client and in-process server share the CPU and the GIL; for figures that matter run the server
-separately and pass --url."""
+The client runs in a process of its own in both cases: in the server's process its Python (parsing
+every streamed chunk of c streams) would hold the GIL that the engine thread takes back after each of
+its native calls, delaying a step the more, the more calls it makes, which biased the comparison of
+configurations (docs/benchmarks.md, round 36). Client and server still share the CPU, as on any one
+machine."""
 from __future__ import annotations
 
 import argparse
@@ -161,6 +164,9 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
     in its cross-request drafters. ``warm_levels``: one engine per configuration, levels in turn.
     ``rounds``: the whole set again, configurations in turns (so that a machine's drift reaches them
     alike); each level's figures are then combined by ``combine_rounds``."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
     from ..server.app import create_app
     from ..server.background import BackgroundServer
 
@@ -168,6 +174,7 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
         raise SpecDecodeError(f"--rounds must be >= 1, got {rounds}")
     runs: dict[str, dict[int, list[dict]]] = {label: {} for label, _ in engines}
     records = []
+    client = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))  # the module doc says why
     for r in range(rounds):
         for label, factory in engines:
             if progress:
@@ -175,11 +182,17 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
             for group in ([levels] if warm_levels else [[c] for c in levels]):
                 engine = factory()
                 with BackgroundServer(create_app(engine, ["bench"])) as srv:
-                    summary, recs = asyncio.run(bench_url(srv.url, "bench", prompts, group, n, params,
-                                                          progress=progress, reset=True))  # the warm-up's prompt too
+                    summary, recs = client.submit(_drive, srv.url, prompts, group, n, params, progress).result()
                 records += add_round(runs[label], summary, recs, label, r, rounds)
                 del engine  # its KV cache goes before the next one allocates its own
+    client.shutdown()
     return combine_rounds(runs), records
+
+
+def _drive(url: str, prompts: list[Prompt], levels: list[int], n: int, params: dict, progress: bool):
+    """bench_url on a fresh engine's server, from the client's process (its prefix cache is reset
+    before each level: the warm-up's prompt is a level's too)."""
+    return asyncio.run(bench_url(url, "bench", prompts, levels, n, params, progress=progress, reset=True))
 
 
 def cmd_bench_serve(a: argparse.Namespace) -> int:
