@@ -15,6 +15,11 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
                   (what the configuration costs where it does not draft)
   optimistic      chains: every evidence class starts from the optimistic prior, not the drafter's
                   measured one (Proposer.evidence_prior)
+  eagle-tree      an EAGLE head's chain (eagle-topk 1) grown by the tree path, visibility masks and all
+                  (what it was before the chain path; the same drafts)
+
+Each repetition's line gives every configuration's mean proposal time over the steps that drafted
+(``propose``) and the steps its speculation gate made plain (``gated``).
 
     python scripts/bench_interleaved.py --spec-types none,auto --categories roleplay,rag --reps 3
     python scripts/bench_interleaved.py --spec-types none,auto,auto:optimistic --categories qa --reps 2
@@ -32,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("gate-closed", "optimistic")
+VARIANTS = ("gate-closed", "optimistic", "eagle-tree")
 
 
 def variant(llm, name: str) -> None:
@@ -43,6 +48,21 @@ def variant(llm, name: str) -> None:
     elif name == "optimistic":
         for m in getattr(eng.proposer, "members", ()):
             m.evidence_prior = lambda c: ()
+    elif name == "eagle-tree":
+        from specdecode.speculative import eagle, eagle_tree
+
+        prop = next(m for m in [eng.proposer, *getattr(eng.proposer, "members", ())]
+                    if isinstance(m, eagle.EagleProposer))
+        inner = prop.propose
+
+        def propose(seqs, ks):  # this engine's proposals only: the others keep the chain path
+            eagle.grow = eagle_tree._tree
+            try:
+                return inner(seqs, ks)
+            finally:
+                eagle.grow = eagle_tree.grow
+
+        prop.propose = propose
 
 
 def units(prompts: list, cats: list[str] | None, n: int) -> list[tuple[str, list]]:
@@ -107,6 +127,7 @@ def main() -> int:
             base.engine.reset_prefix_cache()  # every configuration prefills the prompt
             seqs = {k: [e.add_request(list(x), params) for x in ids] for k, e in engines.items()}
             spent = dict.fromkeys(engines, 0.0)
+            gated0 = {k: e.planner.gated_steps for k, e in engines.items()}  # the base engine serves every rep
             order = list(engines.items())
             while not all(s.finished for b in seqs.values() for s in b):
                 order = order[1:] + order[:1]  # each engine runs right after each other one in turn
@@ -119,13 +140,20 @@ def main() -> int:
                     if decoding:
                         spent[k] += time.perf_counter() - t0
             parts = []
+
+            def bookkeeping(k):
+                st = [s.stats for s in seqs[k]]
+                n = sum(x.draft_steps for x in st)
+                ms = 1e3 * sum(x.draft_time_s for x in st) / n if n else 0.0
+                return f"propose {ms:.2f} ms, gated {engines[k].planner.gated_steps - gated0[k]}"
             for c in others:
                 if [s.output_ids for s in seqs[first]] != [s.output_ids for s in seqs[c]]:
                     print(f"WARNING: {c} output differs from {first} on {cat}", file=sys.stderr)
                 ratios[c].append(spent[first] / spent[c])
                 tau = statistics.mean(s.stats.mean_acceptance_length for s in seqs[c])
-                parts.append(f"{c} {spent[c]:.2f} s, {c}/{first} speed {ratios[c][-1]:.3f}, tau {tau:.2f}")
-            print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s, " + "; ".join(parts), flush=True)
+                parts.append(f"{c} {spent[c]:.2f} s ({bookkeeping(c)}), {c}/{first} speed {ratios[c][-1]:.3f}, "
+                             f"tau {tau:.2f}")
+            print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s ({bookkeeping(first)}), " + "; ".join(parts), flush=True)
         for c in others:
             r = ratios[c][-a.reps:]
             print(f"{cat}: {c} median {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})", flush=True)
