@@ -153,7 +153,8 @@ def main() -> int:
                 tau = statistics.mean(s.stats.mean_acceptance_length for s in seqs[c])
                 parts.append(f"{c} {spent[c]:.2f} s ({bookkeeping(c)}), {c}/{first} speed {ratios[c][-1]:.3f}, "
                              f"tau {tau:.2f}")
-            print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s ({bookkeeping(first)}), " + "; ".join(parts), flush=True)
+            print(f"{cat} rep {rep}: {first} {spent[first]:.2f} s ({bookkeeping(first)}), " + "; ".join(parts),
+                  flush=True)
         for c in others:
             r = ratios[c][-a.reps:]
             print(f"{cat}: {c} median {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f})", flush=True)

@@ -1045,3 +1045,28 @@ python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft 
 python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
 python scripts/bench_states.py --seconds 30 --threads 1
 gcc -O3 -march=native -fopenmp -std=c11 -ffp-contract=off -S -o /tmp/qg.s specdecode/kernels/quant_gemm.c  # the one-row loop
+
+# ---- Round 36 (thirty-ninth session, Zen 4 host): the gate's idle windows; bench-serve's client apart ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# before / after the gate's idle rule, alternating worktrees (before: git worktree add -f /tmp/wt_base 1b65f14;
+# after: 0cbe697 for the batch runs, e8c0515 for the one-sequence run)
+for i in 1 2; do for r in /tmp/wt_base .; do
+  (cd $r && python scripts/bench_interleaved.py --spec-types none,auto --batch 8 --requests 16 --max-tokens 96 --reps 2 --prompts $P)
+  (cd $r && python scripts/bench_interleaved.py --spec-types none,auto --batch 8 --reps 2 --prompts $P); done; done
+for r in /tmp/wt_base .; do (cd $r && python scripts/bench_interleaved.py --spec-types none,auto --reps 2 --prompts $P); done
+python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --reps 3   # gated steps per rep
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --reps 2
+# the EAGLE chain path against the tree path for eagle-topk 1, in one process
+python scripts/bench_interleaved.py --spec-types none,eagle3,eagle3:eagle-tree --categories coding,writing,qa,math --reps 3 --max-tokens 96
+# the server: in-process client (bench-serve at 8827970: git worktree add -f /tmp/wt_inproc 8827970), in both orders;
+# the client in a child process (now); each engine served from its own process
+(cd /tmp/wt_inproc && python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r36_serve.json)
+(cd /tmp/wt_inproc && python -m specdecode.cli bench-serve -t $T --spec-types auto,none --concurrency 8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r36_serve_rev.json)
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r36_serve_child.json
+for s in none auto; do python -m specdecode.cli serve --spec-type $s --max-num-seqs 8 -t $T --port 8123 & SP=$!
+  until curl -s localhost:8123/health >/dev/null; do sleep 1; done
+  python -m specdecode.cli bench-serve --url http://localhost:8123 --label $s --concurrency 8 --requests 16 --max-tokens 96 --prompts $P
+  kill $SP; wait $SP; done

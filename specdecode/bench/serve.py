@@ -1,12 +1,12 @@
 """``specdecode bench-serve``: load test of the HTTP server at several concurrencies.
 
 Drives a running server (``--url``) or, per configuration of ``--spec-types``, starts one in this
-process on 127.0.0.1 (target weights loaded once and shared), driven from a child process. Each concurrency level sends the
-prompt set as streamed chat requests, ``c`` at a time, starting cold (a fresh engine, or the running
-server's prefix cache reset), and reports request throughput, output tok/s, time to first token,
-inter-token latency (the gap between streamed chunks: with speculation one chunk can carry several
-tokens) and time per output token, p50 / p99 (and the longest inter-token wait), and τ from the servers'
-per-request ``spec`` figures.
+process on 127.0.0.1 (target weights loaded once and shared) and drives it from a child process.
+Each concurrency level sends the prompt set as streamed chat requests, ``c`` at a time, starting cold
+(a fresh engine, or the running server's prefix cache reset), and reports request throughput, output
+tok/s, time to first token, inter-token latency (the gap between streamed chunks: with speculation one
+chunk can carry several tokens) and time per output token, p50 / p99 (and the longest inter-token
+wait), and τ from the servers' per-request ``spec`` figures.
 The client runs in a process of its own in both cases: in the server's process its Python (parsing
 every streamed chunk of c streams) would hold the GIL that the engine thread takes back after each of
 its native calls, delaying a step the more, the more calls it makes, which biased the comparison of
@@ -174,18 +174,17 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
         raise SpecDecodeError(f"--rounds must be >= 1, got {rounds}")
     runs: dict[str, dict[int, list[dict]]] = {label: {} for label, _ in engines}
     records = []
-    client = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))  # the module doc says why
-    for r in range(rounds):
-        for label, factory in engines:
-            if progress:
-                print(f"{label}" + (f" (round {r + 1})" if rounds > 1 else "") + ":", file=sys.stderr)
-            for group in ([levels] if warm_levels else [[c] for c in levels]):
-                engine = factory()
-                with BackgroundServer(create_app(engine, ["bench"])) as srv:
-                    summary, recs = client.submit(_drive, srv.url, prompts, group, n, params, progress).result()
-                records += add_round(runs[label], summary, recs, label, r, rounds)
-                del engine  # its KV cache goes before the next one allocates its own
-    client.shutdown()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:  # the module doc says why
+        for r in range(rounds):
+            for label, factory in engines:
+                if progress:
+                    print(f"{label}" + (f" (round {r + 1})" if rounds > 1 else "") + ":", file=sys.stderr)
+                for group in ([levels] if warm_levels else [[c] for c in levels]):
+                    engine = factory()
+                    with BackgroundServer(create_app(engine, ["bench"])) as srv:
+                        summary, recs = client.submit(_drive, srv.url, prompts, group, n, params, progress).result()
+                    records += add_round(runs[label], summary, recs, label, r, rounds)
+                    del engine  # its KV cache goes before the next one allocates its own
     return combine_rounds(runs), records
 
 

@@ -36,10 +36,11 @@ class SpeculationGate:
     on its planning alone (lost where it exceeds GATE_IDLE_SHARE of the plain steps' cost): its verify
     forwards were plain ones, and comparing them with the cost model's v(B, 1) compares noise. The
     share is what planning may cost for the chance of drafting as soon as a draft appears: one
-    sequence's planning is well under it (a repeat starts paying at once), a full batch's is not. A window that spent more closes
-    speculation at B for GATE_PAUSE steps of B (``open`` says False: those steps decode plainly and plan
-    nothing), doubling with each losing window in a row up to 2**GATE_BACKOFF_MAX; then a fresh window
-    tries again. A window that paid resets the backoff. Batch sizes are judged apart: a verify row's
+    sequence's planning is well under it (a repeat starts paying at once), a full batch's is not. A
+    window that lost closes speculation at B for GATE_PAUSE steps of B (``open`` says False: those
+    steps decode plainly and plan nothing), doubling with each losing window in a row up to
+    2**GATE_BACKOFF_MAX; then a fresh window tries again. A window that paid resets the backoff (an idle
+    one that planned cheaply leaves it). Batch sizes are judged apart: a verify row's
     price relative to one sequence's share of a step rises with the batch, so drafting that pays for
     one request may lose for eight."""
 
