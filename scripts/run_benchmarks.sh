@@ -1070,3 +1070,4 @@ for s in none auto; do python -m specdecode.cli serve --spec-type $s --max-num-s
   until curl -s localhost:8123/health >/dev/null; do sleep 1; done
   python -m specdecode.cli bench-serve --url http://localhost:8123 --label $s --concurrency 8 --requests 16 --max-tokens 96 --prompts $P
   kill $SP; wait $SP; done
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r36_sb5.json
