@@ -1055,6 +1055,9 @@ for i in 1 2; do for r in /tmp/wt_base .; do
   (cd $r && python scripts/bench_interleaved.py --spec-types none,auto --batch 8 --reps 2 --prompts $P); done; done
 for r in /tmp/wt_base .; do (cd $r && python scripts/bench_interleaved.py --spec-types none,auto --reps 2 --prompts $P); done
 python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --reps 3   # gated steps per rep
+# each step's gate state, planning and time outside the forward (the script runs in the worktree it sits in)
+for r in /tmp/wt_base .; do (cp scripts/bench_gate_steps.py $r/scripts/ 2>/dev/null; cd $r && \
+  python scripts/bench_gate_steps.py --spec-type auto --batch 8 --reps 3); done
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --reps 2
 # the EAGLE chain path against the tree path for eagle-topk 1, in one process
 python scripts/bench_interleaved.py --spec-types none,eagle3,eagle3:eagle-tree --categories coding,writing,qa,math --reps 3 --max-tokens 96
