@@ -18,6 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_interleaved import units  # noqa: E402
 
 
 def main() -> int:
@@ -48,11 +50,8 @@ def main() -> int:
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     none = LLM(a.model, spec_type="none", threads=a.threads, max_num_seqs=a.batch)
     none.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
-    by_cat: dict[str, list] = {}
-    for p in load_prompts(a.prompts, None, limit=a.batch):
-        by_cat.setdefault(p.category, []).append(p)
-    order = [p for i in range(max(map(len, by_cat.values()))) for c in by_cat for p in by_cat[c][i:i + 1]][:a.batch]
-    ids = [none.encode_chat([{"role": "user", "content": p.text}]) for p in order]
+    (_, prompts), *_ = units(load_prompts(a.prompts, None, limit=a.batch), None, a.batch)
+    ids = [none.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     for rep in range(a.reps):
         llm = LLM(a.model, spec_type=a.spec_type, threads=a.threads, max_num_seqs=a.batch,
