@@ -458,14 +458,22 @@ static inline __attribute__((always_inline)) void amx_epilogue(
         _tile_loadd(4, b + (size_t)(g) * 512, 64);                             \
         _tile_dpbsud(C, 3, 4);                                                 \
     } while (0)
-#define AMX_EPI(g, d) amx_epilogue(acc, d, sub, sup, G, S, t, g, sx, xsum, R, r0, M)
+#define AMX_EPI(g, d)                                                                        \
+    do {                                                                                     \
+        if (next)                                                                            \
+            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(next + (size_t)(g) * 256 + 64 * l), _MM_HINT_T2); \
+        amx_epilogue(acc, d, sub, sup, G, S, t, g, sx, xsum, R, r0, M);                      \
+    } while (0)
 
 /* Rows [r0, r0 + 16) against tile t, whose codes amx_unpack left in b (gs = 32). Software-pipelined
  * three deep, group g in dot tile g % 3 and buffer g % 3: while the vector units scale group g, group
- * g + 1's dots travel from their tile to memory and the tile unit computes group g + 2's. */
+ * g + 1's dots travel from their tile to memory and the tile unit computes group g + 2's. next: the
+ * packed codes of the tile this thread unpacks next (NULL: none), requested into L2 a group at a time
+ * (256 bytes) while this one computes: amx_unpack reads a whole tile before any of its groups
+ * computes, so without this the pass alternates between waiting for memory and leaving it idle. */
 static inline __attribute__((always_inline)) void amx_tile_rows(
     const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t, const int8_t *xq, const float *sx,
-    const float *xsum, int R, int r0, float *y, int N, const int M) {
+    const float *xsum, int R, int r0, float *y, int N, const uint8_t *next, const int M) {
     const int G = K / 32, S = super_groups(G);
     __attribute__((aligned(64))) int32_t dots[3][AMX_ROWS * TILE];
     __m512 acc[AMX_ROWS];
@@ -492,9 +500,9 @@ static inline __attribute__((always_inline)) void amx_tile_rows(
 /* A pass of M rows, AMX_MIN_ROWS <= M <= AMX_ROWS (the tiles' configured height), M a constant in
  * each body. */
 static void amx_rows(const uint8_t *b, const uint8_t *sub, const uint16_t *sup, int K, int t, const int8_t *xq,
-                     const float *sx, const float *xsum, int R, int r0, float *y, int N, int M) {
+                     const float *sx, const float *xsum, int R, int r0, float *y, int N, const uint8_t *next, int M) {
     switch (M) {
-#define AMX_CASE(m) case m: amx_tile_rows(b, sub, sup, K, t, xq, sx, xsum, R, r0, y, N, m); break;
+#define AMX_CASE(m) case m: amx_tile_rows(b, sub, sup, K, t, xq, sx, xsum, R, r0, y, N, next, m); break;
     AMX_CASE(12) AMX_CASE(13) AMX_CASE(14) AMX_CASE(15) AMX_CASE(16) /* AMX_MIN_ROWS .. AMX_ROWS */
 #undef AMX_CASE
     default: break;
@@ -565,7 +573,8 @@ static void tile(const uint8_t *w, const uint8_t *s, const uint16_t *z, int K, i
     if (amx) {
         amx_unpack(w, K, t, amx);
         const int M = amx_height(R);
-        for (; r0 + M <= r1; r0 += M) amx_rows(amx, s, z, K, t, xq, sx, xsum, R, r0, y, N, M);
+        const uint8_t *next = (t + 1) * TILE < N ? w + (size_t)(t + 1) * K * TILE / 2 : NULL;
+        for (; r0 + M <= r1; r0 += M, next = NULL) amx_rows(amx, s, z, K, t, xq, sx, xsum, R, r0, y, N, next, M);
     }
 #else
     (void)amx;
