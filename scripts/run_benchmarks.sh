@@ -1074,3 +1074,38 @@ for s in none auto; do python -m specdecode.cli serve --spec-type $s --max-num-s
   python -m specdecode.cli bench-serve --url http://localhost:8123 --label $s --concurrency 8 --requests 16 --max-tokens 96 --prompts $P
   kill $SP; wait $SP; done
 python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r36_sb5.json
+
+# ---- Round 37 (fortieth session, Emerald Rapids host with AMX exposed): the AMX pass's next-tile prefetch ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# peers: the source tree of build-llama-cpp (fetched with `pip download --no-deps --no-binary llama-cpp-python
+# llama-cpp-python==0.3.36`), built twice with GGML_NATIVE=OFF and AMX off (its native build crashed on round
+# 15's AMX host): /tmp/llama.cpp-512 with -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON
+# -DGGML_AVX512_VBMI=ON -DGGML_AVX_VNNI=ON, /tmp/llama.cpp-avx2 with -DGGML_AVX512=OFF -DGGML_AVX_VNNI=ON
+# (both with -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON; targets llama-server llama-bench)
+# AMX against VNNI for multi-row passes (variants of the committed file: AMX_MIN_ROWS 5 with amx_rows' cases
+# from 5, and 99 = AMX off), before the prefetch (/tmp/qg_base.c = 726fbca's) and after it (/tmp/qg_pf_*.c)
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_amx5.c --threads 1 --int4-only --rows 5,8,9,10,12
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_amx5.c --threads 2 --int4-only --stream --huge-pages --rows 1,8,9 --passes 12
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_noamx.c --threads 2 --int4-only --stream --huge-pages --rows 12,16,24 --passes 10
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_noamx.c --threads 1 --int4-only --rows 12,16,24,32,64
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_noamx.c --threads 2 --int4-only --stream --huge-pages --rows 16,20,32 --passes 8
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_pf_amx.c --threads 2 --int4-only --stream --huge-pages --rows 12,16,32 --passes 8
+python scripts/ab_kernels.py /tmp/qg_pf_noamx.c /tmp/qg_pf_amx5.c --threads 2 --int4-only --stream --huge-pages --rows 8,9,12,16,24 --passes 8
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_pf_amx.c --threads 2 --int4-only --stream --huge-pages --rows 16,24,64 --passes 8
+python scripts/ab_native.py --rev 726fbca --tokens 1,16,32 --rounds 21
+# the issues' points on this host
+python scripts/bench_runtime.py --quant auto --reps 3
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3
+for i in 1 2 3 4; do python scripts/bench_verify_curve.py --rounds 11 --split --gemms; done
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-512/build/bin --ours none,auto --theirs plain,ngram-mod \
+  --rounds 2 --json-out out/r37_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 2 --json-out out/r37_vs_llamacpp_avx2.json
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r37_serve.json
+python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --reps 3 --prompts $P
+python scripts/bench_step_ratio.py --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --threads $T --rounds 5
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r37_sb5.json
+python scripts/spec_bench_categories.py out/r37_sb5.json
+python -m specdecode.cli bench-serve -t $T --spec-types auto,none --concurrency 8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r37_serve_rev.json
