@@ -1109,3 +1109,4 @@ python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-toke
 python scripts/spec_bench_categories.py out/r37_sb5.json
 python -m specdecode.cli bench-serve -t $T --spec-types auto,none --concurrency 8 --requests 16 --max-tokens 96 \
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r37_serve_rev.json
+python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
