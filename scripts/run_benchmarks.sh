@@ -1112,3 +1112,5 @@ python -m specdecode.cli bench-serve -t $T --spec-types auto,none --concurrency 
 python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
 # the next tile's codes requested into L1 instead of L2 (/tmp/qg_t0.c: 860f182's file with _MM_HINT_T0 there)
 python scripts/ab_kernels.py /tmp/qg_head.c /tmp/qg_t0.c --threads 2 --int4-only --stream --huge-pages --rows 16,32 --passes 8
+for i in 1 2; do python -m specdecode.cli bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r37_serve_none$i.json; done
