@@ -1114,3 +1114,6 @@ python scripts/bench_itl.py -t $T --pairs 8 --category writing --category qa --m
 python scripts/ab_kernels.py /tmp/qg_head.c /tmp/qg_t0.c --threads 2 --int4-only --stream --huge-pages --rows 16,32 --passes 8
 for i in 1 2; do python -m specdecode.cli bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 \
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r37_serve_none$i.json; done
+python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
+  --prompts $P --json-out out/r37_sb5_t07.json
+python scripts/spec_bench_categories.py out/r37_sb5_t07.json
