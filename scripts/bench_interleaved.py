@@ -17,6 +17,8 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
                   measured one (Proposer.evidence_prior)
   eagle-tree      an EAGLE head's chain (eagle-topk 1) grown by the tree path, visibility masks and all
                   (what it was before the chain path; the same drafts)
+  no-share        a prompt never copies a running request's prefix (only free slots' and the prompt
+                  store's serve it, as before the engine shared them)
 
 Each repetition's line gives every configuration's mean proposal time over the steps that drafted
 (``propose``) and the steps its speculation gate made plain (``gated``).
@@ -37,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("gate-closed", "optimistic", "eagle-tree")
+VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share")
 
 
 def variant(llm, name: str) -> None:
@@ -48,6 +50,8 @@ def variant(llm, name: str) -> None:
     elif name == "optimistic":
         for m in getattr(eng.proposer, "members", ()):
             m.evidence_prior = lambda c: ()
+    elif name == "no-share":
+        eng._share_prefix = lambda seq: False
     elif name == "eagle-tree":
         from specdecode.speculative import eagle, eagle_tree
 

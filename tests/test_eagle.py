@@ -712,6 +712,28 @@ def test_prefix_hit_without_a_kept_state_prefills_the_heads_window_again(plain, 
     assert again.stats["spec"]["accepted_tokens"] > 0
 
 
+def test_a_prompt_sharing_a_running_requests_prefix_prefills_the_heads_window(plain, monkeypatch):
+    """Two requests with one long prefix arriving together: the second copies the first's entries of
+    the shared prefix but the last PROMPT_WINDOW, which its prefill computes again for the head's
+    features (a fresh head state has none; no forward of the head's own); the outputs are a cold
+    start's."""
+    import specdecode.speculative.eagle as eagle
+
+    W = 32
+    monkeypatch.setattr(eagle, "PROMPT_WINDOW", W)
+    m = target(bigram=True)
+    shared = [(7 * i) % 300 + 1 for i in range(150)]
+    a, b = shared + [11, 12], shared + [21, 22, 23]
+    eng = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=2)
+    cold = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
+    outs = eng.generate([a, b], GREEDY)
+    assert eng.engine.prefix_cache.hit_tokens == len(shared) - W
+    assert counts == [] and prefilled == [(0, len(a) - 1), (len(shared) - W, len(b) - 1)]
+    assert [o.token_ids for o in outs] == [o.token_ids for o in cold.generate([a, b], GREEDY)]
+    assert all(o.stats["spec"]["accepted_tokens"] > 0 for o in outs)
+
+
 def test_a_heads_held_out_report_is_the_controllers_prior(tmp_path):
     """A head directory's train report (held-out top-1 agreement per draft step) becomes the prior of
     the head's engine-wide acceptance record, alone and in a chain; a directory without one keeps the

@@ -60,6 +60,41 @@ def test_shared_system_prompt(spec_type, kw):
     assert pc.hit_tokens == len(SYSTEM) + len(prompts[2]) - 1
 
 
+@pytest.mark.parametrize("spec_type,kw", [
+    ("none", {}),
+    ("draft", dict(draft_seed=0, draft_noise=0.5, draft_p_min=0.0, draft_fixed=True, draft_max=4)),
+    ("ngram", {}),
+])
+def test_requests_arriving_together_prefill_a_shared_prompt_once(spec_type, kw):
+    """A burst of prompts with one system prompt: the first prefills it, the others copy its entries
+    (the last two need no forward at all), and every output is what it is without a prefix cache."""
+    prompts = [SYSTEM + [11, 12, 13], SYSTEM + [21, 22], SYSTEM + [31], SYSTEM + [11, 12, 13]]
+    ref = [o.token_ids for o in no_cache(spec_type, max_num_seqs=4, **kw).generate(prompts, GREEDY)]
+    llm = tiny_llm(spec_type, max_num_seqs=4, **kw)
+    fed = count_prefill(llm)
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == ref
+    assert sorted(fed) == [1, len(prompts[0]) - 1]  # the first prompt whole, then the second's [21]
+    assert llm.engine.prefix_cache.hit_tokens == 2 * len(SYSTEM) + len(prompts[3]) - 1
+
+
+def test_a_request_joining_running_ones_copies_their_prompt():
+    """A prompt admitted while another request decodes takes the prefix that request's slot holds,
+    though the slot is not free; the donor's own output does not change."""
+    a, b = SYSTEM + [11, 12, 13], SYSTEM[:100] + [41, 42]
+    ref = [o.token_ids for o in no_cache(max_num_seqs=2).generate([a, b], GREEDY)]
+    llm = tiny_llm("none", max_num_seqs=2)
+    eng, fed = llm.engine, count_prefill(llm)
+    sa = eng.add_request(a, GREEDY)
+    for _ in range(3):
+        eng.step()
+    sb = eng.add_request(b, GREEDY)
+    while eng.has_work():
+        eng.step()
+    assert [sa.output_ids, sb.output_ids] == ref
+    assert fed == [len(a) - 1, 1]  # b prefills [41] only: 100 system tokens copied, 42 is its root
+    assert eng.prefix_cache.hit_tokens == 100
+
+
 def test_multi_turn_reuses_prompt_and_answer():
     llm = tiny_llm("none")
     turn1 = SYSTEM + [11, 12]

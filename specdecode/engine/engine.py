@@ -166,6 +166,8 @@ class Engine:
             else:
                 seq.slot = self.kv.allocate()
             self.running.append(seq)
+        for seq in filter(self._prefilling, self.running):
+            self._share_prefix(seq)
         outputs = []
         ready = [s for s in self.running if self._decoding(s)]
         joining = sum(map(self._prefilling, self.running))
@@ -256,8 +258,32 @@ class Engine:
                 budget -= chunks[-1][1] - start
         return chunks
 
+    def _share_prefix(self, seq: Sequence) -> bool:
+        """A prompt admitted cold (nothing of it in its slot) and not yet prefilled copies the longest
+        prefix whose KV a running request has committed (concurrent requests with one system prompt),
+        as far as the drafter lets it: ``prefill_start`` says where the drafter needs the prompt's
+        states from, as after a prompt-store hit. True when it took any."""
+        if self.prefix_cache is None or seq.num_prefilled or seq.num_cached:
+            return False
+        donors = [(d.slot, d.prompt_ids[:self.kv.lengths[d.slot]]) for d in self.running
+                  if d is not seq and d.slot >= 0 and self.kv.lengths[d.slot]]
+        src, n = self.prefix_cache.running_match(seq.prompt_ids, donors)
+        n = self.proposer.prefill_start(seq, n) if n else 0
+        if n <= 0:
+            return False
+        self.prefix_cache.share(src, seq.slot, n)
+        seq.num_prefilled = n
+        if n == len(seq.prompt_ids) - 1:
+            seq.t_prefill_done = self.timer.now()
+        return True
+
     def _prefill_alone(self, seq: Sequence, end: int, outputs: list) -> None:
-        """Runs one prompt chunk in a forward of its own; a failure ends that request alone."""
+        """Runs one prompt chunk in a forward of its own; a failure ends that request alone. A prompt
+        not begun first looks again for a prefix to share: an earlier chunk of this step may hold it."""
+        if self._share_prefix(seq):
+            end = min(len(seq.prompt_ids) - 1, seq.num_prefilled + self.cfg.prefill_chunk)
+            if end <= seq.num_prefilled:
+                return
         try:
             start = seq.num_prefilled
             _, hidden, captured = self.runner.forward([seq.slot], [seq.prompt_ids[start:end]], logits=False,

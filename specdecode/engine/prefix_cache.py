@@ -5,7 +5,8 @@ a new request whose prompt starts with those tokens (same system prompt, the nex
 take that slot and skip prefilling the common prefix. Positions match, so the reused entries are
 exactly what a fresh prefill would compute: greedy output does not change. When such a slot is about
 to be overwritten, its tokens and KV move to the host prompt store (prompt_store.py) first, if the
-engine has one.
+engine has one. A running request's committed prompt entries serve too (``running_match``, ``share``):
+requests that arrive together with one system prompt prefill it once, and the others copy it.
 
 Bookkeeping is one token list per slot, recorded when the slot is released. Whoever else allocates
 a slot of the same KV cache and writes into it (the engine's cost calibration) must ``invalidate`` it.
@@ -64,6 +65,25 @@ class PrefixCache:
         self.prompt_tokens += len(prompt_ids)
         self.hit_tokens += reused
         return slot, reused, kept
+
+    def running_match(self, prompt_ids: list[int], donors) -> tuple[int, int]:
+        """(slot, n): the running slot whose committed prompt entries share the longest prefix with
+        ``prompt_ids``, and that length (at most all but the last prompt token, the first root);
+        (-1, 0) when none shares one. donors: (slot, prompt tokens whose KV that slot has committed)."""
+        limit, best = len(prompt_ids) - 1, (-1, 0)
+        for slot, tokens in donors:
+            n = min(common_prefix_len(tokens, prompt_ids), limit)
+            if n > best[1]:
+                best = (slot, n)
+        return best
+
+    def share(self, src: int, dst: int, n: int) -> None:
+        """Copies a running slot's entries [0, n) into a slot taken cold (it held nothing of this
+        prompt), and sets that slot's length to n; counted as a hit of n tokens."""
+        self.kv.copy_prefix(src, dst, n)
+        self.kv.set_length(dst, n)
+        self.hits += 1
+        self.hit_tokens += n
 
     def _spill(self, slot: int, keep: int) -> None:
         """The free slot's entries past ``keep`` are about to be overwritten: its cached tokens go to

@@ -143,6 +143,12 @@ class KVCache:
         self.v[:, slot, :, :n].copy_(v)
         self._clean[slot] = max(self._clean[slot], n)
 
+    def copy_prefix(self, src: int, dst: int, n: int) -> None:
+        """Copies entries [0, n) of slot ``src`` into slot ``dst`` (every layer); does not change lengths."""
+        self.k[:, dst, :, :n].copy_(self.k[:, src, :, :n])
+        self.v[:, dst, :, :n].copy_(self.v[:, src, :, :n])
+        self._clean[dst] = max(self._clean[dst], n)
+
     def move(self, slot: int, src: list[int], dst_start: int) -> None:
         """Copies cache entries at indices ``src`` to ``dst_start ..`` (commits an accepted tree path)."""
         if src == list(range(dst_start, dst_start + len(src))):
