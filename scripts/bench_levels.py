@@ -1,0 +1,76 @@
+"""The engine's own c8 / c1 on bench-serve's workload, without the server, the two levels in turns.
+
+bench-serve runs its levels one after the other: its c = 1 level takes ~50 s and its c = 8 level
+~12-16 s, and a host whose speed moves by 20-30 % within minutes moves their ratio by as much. Here one
+engine serves both: the c = 8 workload (every request queued at once on --max-num-seqs slots, as a
+closed loop of 8 clients keeps them, later ones joining as slots free) alternates with a quarter of
+the c = 1 level (its requests one at a time), four times over per repetition, so that a drift weighs on
+both levels alike. The prefix cache is emptied before each part, as bench-serve's levels start cold.
+Prints each repetition's tok/s per level and their ratio, then the median ratio.
+
+    python scripts/bench_levels.py --spec-type none --reps 2
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--spec-type", default="none")
+    ap.add_argument("--prompts", default="../shared/datasets/spec_bench/question.jsonl")
+    ap.add_argument("--requests", type=int, default=16, help="requests per level: the file's first ones, as bench-serve")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--max-num-seqs", type=int, default=8, help="slots: the c = 8 level's concurrency")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    from specdecode import LLM, SamplingParams
+    from specdecode.bench.prompts import load_prompts
+
+    llm = LLM(a.model, spec_type=a.spec_type, threads=a.threads, max_num_seqs=a.max_num_seqs)
+    prompts = load_prompts(a.prompts)
+    ids = [llm.encode_chat([{"role": "user", "content": prompts[i % len(prompts)].text}]) for i in range(a.requests)]
+    params = SamplingParams(temperature=0, max_tokens=a.max_tokens)  # EOS ends a request, as in bench-serve
+    llm.generate([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    eng = llm.engine
+
+    def run(batch: list[list[int]]) -> tuple[int, float]:
+        """Queues ``batch`` at once and steps the engine until it is done: (tokens, seconds)."""
+        eng.reset_prefix_cache()
+        t0 = time.perf_counter()
+        seqs = [eng.add_request(list(x), params) for x in batch]
+        while eng.has_work():
+            eng.step()
+        return sum(len(s.output_ids) for s in seqs), time.perf_counter() - t0
+
+    ratios = []
+    quarter = -(-len(ids) // 4)
+    for rep in range(a.reps):
+        n1 = t1 = n8 = t8 = 0.0
+        for part in range(4):
+            n, t = run(ids)
+            n8, t8 = n8 + n, t8 + t
+            for x in ids[part * quarter:(part + 1) * quarter]:
+                n, t = run([x])
+                n1, t1 = n1 + n, t1 + t
+        ratios.append((n8 / t8) / (n1 / t1))
+        print(f"rep {rep}: c = 1 {n1 / t1:.1f} tok/s, c = {a.max_num_seqs} {n8 / t8:.1f} tok/s: "
+              f"ratio {ratios[-1]:.2f}", flush=True)
+    print(f"{a.spec_type}: c{a.max_num_seqs} / c1 median {statistics.median(ratios):.2f} "
+          f"({min(ratios):.2f}-{max(ratios):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
