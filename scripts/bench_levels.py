@@ -1,11 +1,12 @@
 """The engine's own c8 / c1 on bench-serve's workload, without the server, the two levels in turns.
 
 bench-serve runs its levels one after the other: its c = 1 level takes ~50 s and its c = 8 level
-~12-16 s, and a host whose speed moves by 20-30 % within minutes moves their ratio by as much. Here one
-engine serves both: the c = 8 workload (every request queued at once on --max-num-seqs slots, as a
+~12-16 s, and a host whose speed moves by 20-30 % within minutes moves their ratio by as much. Here both
+run in one process over the same weights: the c = 8 workload (every request queued at once on --max-num-seqs slots, as a
 closed loop of 8 clients keeps them, later ones joining as slots free) alternates with a quarter of
 the c = 1 level (its requests one at a time), four times over per repetition, so that a drift weighs on
-both levels alike. The prefix cache is emptied before each part, as bench-serve's levels start cold.
+both levels alike. Each c = 8 run and each repetition's c = 1 level get a fresh engine over the same
+weights, as bench-serve's levels a fresh server: no prefix and no drafter carries an earlier run's outputs.
 Prints each repetition's tok/s per level and their ratio, then the median ratio.
 
     python scripts/bench_levels.py --spec-type none --reps 2
@@ -38,16 +39,21 @@ def main() -> int:
     from specdecode import LLM, SamplingParams
     from specdecode.bench.prompts import load_prompts
 
-    llm = LLM(a.model, spec_type=a.spec_type, threads=a.threads, max_num_seqs=a.max_num_seqs)
+    base = LLM(a.model, spec_type="none", threads=a.threads, max_num_seqs=1)
     prompts = load_prompts(a.prompts)
-    ids = [llm.encode_chat([{"role": "user", "content": prompts[i % len(prompts)].text}]) for i in range(a.requests)]
+    ids = [base.encode_chat([{"role": "user", "content": prompts[i % len(prompts)].text}]) for i in range(a.requests)]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens)  # EOS ends a request, as in bench-serve
-    llm.generate([1, 2, 3, 4, 5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-    eng = llm.engine
+    warm = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 
-    def run(batch: list[list[int]]) -> tuple[int, float]:
+    def fresh():
+        llm = LLM(a.model, spec_type=a.spec_type, threads=a.threads, max_num_seqs=a.max_num_seqs,
+                  _model=base.engine.model, _tokenizer=base.tokenizer)
+        llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)  # calibration
+        llm.engine.reset_prefix_cache()
+        return llm.engine
+
+    def run(eng, batch: list[list[int]]) -> tuple[int, float]:
         """Queues ``batch`` at once and steps the engine until it is done: (tokens, seconds)."""
-        eng.reset_prefix_cache()
         t0 = time.perf_counter()
         seqs = [eng.add_request(list(x), params) for x in batch]
         while eng.has_work():
@@ -58,11 +64,12 @@ def main() -> int:
     quarter = -(-len(ids) // 4)
     for rep in range(a.reps):
         n1 = t1 = n8 = t8 = 0.0
+        one = fresh()  # the c = 1 level's engine, through its four quarters
         for part in range(4):
-            n, t = run(ids)
+            n, t = run(fresh(), ids)
             n8, t8 = n8 + n, t8 + t
             for x in ids[part * quarter:(part + 1) * quarter]:
-                n, t = run([x])
+                n, t = run(one, [x])
                 n1, t1 = n1 + n, t1 + t
         ratios.append((n8 / t8) / (n1 / t1))
         print(f"rep {rep}: c = 1 {n1 / t1:.1f} tok/s, c = {a.max_num_seqs} {n8 / t8:.1f} tok/s: "

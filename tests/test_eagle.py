@@ -712,26 +712,32 @@ def test_prefix_hit_without_a_kept_state_prefills_the_heads_window_again(plain, 
     assert again.stats["spec"]["accepted_tokens"] > 0
 
 
-def test_a_prompt_sharing_a_running_requests_prefix_prefills_the_heads_window(plain, monkeypatch):
-    """Two requests with one long prefix arriving together: the second copies the first's entries of
-    the shared prefix but the last PROMPT_WINDOW, which its prefill computes again for the head's
-    features (a fresh head state has none; no forward of the head's own); the outputs are a cold
-    start's."""
-    import specdecode.speculative.eagle as eagle
-
-    W = 32
-    monkeypatch.setattr(eagle, "PROMPT_WINDOW", W)
+@pytest.mark.parametrize("spec_type", ["eagle3", "ngram,eagle3"])
+def test_a_prompt_sharing_a_running_requests_prefix_takes_its_head_state(plain, monkeypatch, spec_type):
+    """Requests with one long prefix: one arriving with the first takes a copy of the first's pending
+    prompt features with its KV (nothing of the shared prefix is prefilled again, no forward of the
+    head's own); one arriving after the first has drafted takes its head entries whose next token is
+    shared, and prefills again only the last shared position (as after a kept state's prefix hit).
+    The outputs are a cold start's, alone and in a chain."""
     m = target(bigram=True)
     shared = [(7 * i) % 300 + 1 for i in range(150)]
-    a, b = shared + [11, 12], shared + [21, 22, 23]
-    eng = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=2)
-    cold = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    a, b, c = shared + [11, 12], shared + [21, 22, 23], shared + [31, 32]
+    eng = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=3)
+    cold = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
     counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
-    outs = eng.generate([a, b], GREEDY)
-    assert eng.engine.prefix_cache.hit_tokens == len(shared) - W
-    assert counts == [] and prefilled == [(0, len(a) - 1), (len(shared) - W, len(b) - 1)]
-    assert [o.token_ids for o in outs] == [o.token_ids for o in cold.generate([a, b], GREEDY)]
-    assert all(o.stats["spec"]["accepted_tokens"] > 0 for o in outs)
+    e = eng.engine
+    sa, sb = e.add_request(a, GREEDY), e.add_request(b, GREEDY)
+    for _ in range(4):
+        e.step()
+    assert sa.stats.accepted_tokens > 0  # a has drafted: its head fed entries
+    sc = e.add_request(c, GREEDY)
+    while e.has_work():
+        e.step()
+    assert counts == []
+    assert prefilled == [(0, len(a) - 1), (len(shared), len(b) - 1), (len(shared) - 1, len(c) - 1)]
+    assert e.prefix_cache.hit_tokens == 2 * len(shared) - 1
+    ref = cold.generate([a, b, c], GREEDY)
+    assert [s.output_ids for s in (sa, sb, sc)] == [o.token_ids for o in ref]
 
 
 def test_a_heads_held_out_report_is_the_controllers_prior(tmp_path):

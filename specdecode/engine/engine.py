@@ -261,17 +261,17 @@ class Engine:
     def _share_prefix(self, seq: Sequence) -> bool:
         """A prompt admitted cold (nothing of it in its slot) and not yet prefilled copies the longest
         prefix whose KV a running request has committed (concurrent requests with one system prompt),
-        as far as the drafter lets it: ``prefill_start`` says where the drafter needs the prompt's
-        states from, as after a prompt-store hit. True when it took any."""
+        as far as the drafter lets it: ``Proposer.share`` takes what the drafter holds of it for that
+        request and says from where it still needs the prompt's states. True when it took any."""
         if self.prefix_cache is None or seq.num_prefilled or seq.num_cached:
             return False
-        donors = [(d.slot, d.prompt_ids[:self.kv.lengths[d.slot]]) for d in self.running
+        donors = [(d, d.prompt_ids[:self.kv.lengths[d.slot]]) for d in self.running
                   if d is not seq and d.slot >= 0 and self.kv.lengths[d.slot]]
-        src, n = self.prefix_cache.running_match(seq.prompt_ids, donors)
-        n = self.proposer.prefill_start(seq, n) if n else 0
+        donor, n = self.prefix_cache.running_match(seq.prompt_ids, donors)
+        n = self.proposer.share(seq, donor, n) if n else 0
         if n <= 0:
             return False
-        self.prefix_cache.share(src, seq.slot, n)
+        self.prefix_cache.share(donor.slot, seq.slot, n)
         seq.num_prefilled = n
         if n == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()

@@ -66,15 +66,16 @@ class PrefixCache:
         self.hit_tokens += reused
         return slot, reused, kept
 
-    def running_match(self, prompt_ids: list[int], donors) -> tuple[int, int]:
-        """(slot, n): the running slot whose committed prompt entries share the longest prefix with
+    @staticmethod
+    def running_match(prompt_ids: list[int], donors):
+        """(donor, n): the running request whose committed prompt entries share the longest prefix with
         ``prompt_ids``, and that length (at most all but the last prompt token, the first root);
-        (-1, 0) when none shares one. donors: (slot, prompt tokens whose KV that slot has committed)."""
-        limit, best = len(prompt_ids) - 1, (-1, 0)
-        for slot, tokens in donors:
+        (None, 0) when none shares one. donors: (request, prompt tokens whose KV its slot has committed)."""
+        limit, best = len(prompt_ids) - 1, (None, 0)
+        for donor, tokens in donors:
             n = min(common_prefix_len(tokens, prompt_ids), limit)
             if n > best[1]:
-                best = (slot, n)
+                best = (donor, n)
         return best
 
     def share(self, src: int, dst: int, n: int) -> None:

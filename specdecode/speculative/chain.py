@@ -266,6 +266,9 @@ class ChainProposer(Proposer):
     def prefill_start(self, seq, cached):
         return min(m.prefill_start(self._view(seq, i), cached) for i, m in enumerate(self.members))
 
+    def share(self, seq, donor, n):
+        return min(m.share(self._view(seq, i), self._view(donor, i), n) for i, m in enumerate(self.members))
+
     def commit(self, seq, num_accepted, hidden):
         st = self._st(seq)
         if st.own is not None:  # a merged step: credit each member with its own draft's match

@@ -161,6 +161,22 @@ class EagleProposer(Proposer):
             st.base = have = max(0, cached - PROMPT_WINDOW)
         return have
 
+    @torch.inference_mode()
+    def share(self, seq, donor, n):
+        """A copy of the donor's state, cut back as a kept state is after a prefix-cache hit (``_resume``):
+        its entries whose next token is shared and its pending features of the n shared positions (in a
+        full batch, where the head never drafts, the donor's whole prompt is pending), so the prefill
+        need not compute them again."""
+        src = donor.draft_state
+        if seq.draft_state is not None or seq.num_cached or src is None or (src.fed == 0 and src.feats is None):
+            return self.prefill_start(seq, n)
+        self._kept.take(seq)  # frees the state kept under seq's slot, whose tokens seq does not reuse
+        st = _State(self.kv.allocate(), src.base, src.fed, None if src.feats is None else src.feats.clone(),
+                    src.fstart, src.last)
+        self.kv.copy_prefix(src.slot, st.slot, src.fed)
+        seq.draft_state = self._resume(st, n)
+        return self.prefill_start(seq, n)
+
     @torch.inference_mode()  # the pending buffer may be prefill's, made in inference mode
     def commit(self, seq, num_accepted, hidden):
         st = self._state(seq)

@@ -60,6 +60,10 @@ class Proposer:
       proposer still needs (<= cached). The engine prefills again from there, so those states come
       from the prefill's own forward (with the rest of the prompt) instead of a one-off target
       forward of the drafter's; the positions it recomputes get the keys and values they hold.
+    - ``share(seq, donor, n)``: a request admitted cold, before any prefill, takes the target's KV
+      of its first ``n`` prompt positions from ``donor``, a running request with the same ones; as
+      ``prefill_start``, the first position whose states the drafter still needs (<= n). A drafter
+      may copy what its state for ``donor`` holds of those positions (the default copies nothing).
     - ``release(seq)`` frees per-sequence state when the sequence finishes (a drafter with its own
       cache may keep it for the slot's next request instead: speculative/kept.py).
     - ``draft_cost(n_seqs)``: measured seconds per drafting unit for a batch of n_seqs (0 for free
@@ -113,6 +117,9 @@ class Proposer:
 
     def prefill_start(self, seq: SeqView, cached: int) -> int:
         return cached
+
+    def share(self, seq: SeqView, donor: SeqView, n: int) -> int:
+        return self.prefill_start(seq, n)
 
     def release(self, seq: SeqView) -> None:
         pass
