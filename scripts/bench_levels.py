@@ -7,13 +7,15 @@ closed loop of 8 clients keeps them, later ones joining as slots free) alternate
 the c = 1 level (its requests one at a time), four times over per repetition, so that a drift weighs on
 both levels alike. Each c = 8 run and each repetition's c = 1 level get a fresh engine over the same
 weights, as bench-serve's levels a fresh server: no prefix and no drafter carries an earlier run's outputs.
-Prints each repetition's tok/s per level and their ratio, then the median ratio.
+Prints each repetition's tok/s per level and their ratio, then the median ratio. With --steps, also where
+each c = 8 run's time went: its engine steps classed by decoders and whether they prefilled.
 
     python scripts/bench_levels.py --spec-type none --reps 2
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import time
@@ -34,6 +36,7 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=8, help="slots: the c = 8 level's concurrency")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", action="store_true", help="the c = 8 runs' steps classed (module doc)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specdecode import LLM, SamplingParams
@@ -52,12 +55,22 @@ def main() -> int:
         llm.engine.reset_prefix_cache()
         return llm.engine
 
-    def run(eng, batch: list[list[int]]) -> tuple[int, float]:
+    steps: dict[tuple[bool, int], list[float]] = collections.defaultdict(list)  # (prefilled, decoders) -> seconds
+    prompt_tokens = [0]
+
+    def run(eng, batch: list[list[int]], record: bool = False) -> tuple[int, float]:
         """Queues ``batch`` at once and steps the engine until it is done: (tokens, seconds)."""
         t0 = time.perf_counter()
         seqs = [eng.add_request(list(x), params) for x in batch]
         while eng.has_work():
+            before = sum(s.num_prefilled for s in seqs) - eng.prefix_cache.hit_tokens
+            decoders = sum(s.num_prefilled >= len(s.prompt_ids) - 1 and not s.finished for s in eng.running)
+            t = time.perf_counter()
             eng.step()
+            if record:
+                fed = sum(s.num_prefilled for s in seqs) - eng.prefix_cache.hit_tokens - before
+                steps[fed > 0, decoders].append(time.perf_counter() - t)
+                prompt_tokens[0] += fed
         return sum(len(s.output_ids) for s in seqs), time.perf_counter() - t0
 
     ratios = []
@@ -66,7 +79,7 @@ def main() -> int:
         n1 = t1 = n8 = t8 = 0.0
         one = fresh()  # the c = 1 level's engine, through its four quarters
         for part in range(4):
-            n, t = run(fresh(), ids)
+            n, t = run(fresh(), ids, a.steps)
             n8, t8 = n8 + n, t8 + t
             for x in ids[part * quarter:(part + 1) * quarter]:
                 n, t = run(one, [x])
@@ -74,6 +87,11 @@ def main() -> int:
         ratios.append((n8 / t8) / (n1 / t1))
         print(f"rep {rep}: c = 1 {n1 / t1:.1f} tok/s, c = {a.max_num_seqs} {n8 / t8:.1f} tok/s: "
               f"ratio {ratios[-1]:.2f}", flush=True)
+    if a.steps:
+        print(f"c = {a.max_num_seqs} steps over all runs ({prompt_tokens[0]} prompt tokens prefilled):")
+        for (fed, dec), ts in sorted(steps.items()):
+            print(f"  {'prefilling' if fed else 'decoding':10s} with {dec} decoders: {len(ts):4d} steps, "
+                  f"{sum(ts):6.2f} s, median {1e3 * statistics.median(ts):6.1f} ms")
     print(f"{a.spec_type}: c{a.max_num_seqs} / c1 median {statistics.median(ratios):.2f} "
           f"({min(ratios):.2f}-{max(ratios):.2f})")
     return 0

@@ -1117,3 +1117,37 @@ for i in 1 2; do python -m specdecode.cli bench-serve -t $T --spec-types none --
 python -m specdecode.cli bench -t $T --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
   --prompts $P --json-out out/r37_sb5_t07.json
 python scripts/spec_bench_categories.py out/r37_sb5_t07.json
+
+# ---- Round 38 (Emerald Rapids with AMX, 2026-12-06): prefix sharing from running requests, c8 / c1 ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# the sharing A/B in one process (variant no-share: the engine before aba1a24)
+python scripts/bench_interleaved.py --spec-types none,none:no-share --batch 8 --requests 16 --reps 3 --max-tokens 96 --prompts $P
+python scripts/bench_interleaved.py --spec-types none,auto,auto:no-share --batch 8 --requests 16 --reps 3 --max-tokens 96 --prompts $P
+# the server's c8 / c1, ad7b295 (a worktree at /tmp/wt_base) and aba1a24 alternated, then single invocations
+for i in 1 2; do for w in /tmp/wt_base $PWD; do (cd $w && PYTHONPATH=$w python -m specdecode.cli bench-serve -t $T \
+  --spec-types none --concurrency 1,8 --requests 16 --max-tokens 96 --max-num-seqs 8 --rounds 1 --prompts $P \
+  --json-out /work/main/out/r38_share_$(basename $w)_$i.json); done; done
+for i in 1 2 3 4; do python -m specdecode.cli bench-serve -t $T --spec-types none --concurrency 1,8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 1 --prompts $P --json-out out/r38_serve_share$i.json; done
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r38_serve.json          # aba1a24
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r38_serve_final.json    # a34049c
+python scripts/bench_levels.py --spec-type none --reps 3     # 592813c (one engine for both levels)
+python scripts/bench_levels.py --spec-type none --reps 2
+python scripts/bench_levels.py --spec-type auto --reps 2
+python scripts/bench_levels.py --spec-type none --reps 1 --steps
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c specdecode/kernels/quant_gemm.c --threads 2 --int4-only \
+  --stream --huge-pages --rows 1,8,16,64,128 --passes 4
+# the AMX pass's variants (files under /tmp/amx, each the committed quant_gemm.c with one edit): noepi (the epilogue
+# on row 0 only), notile2 (AMX_ISSUE empty, no tile stores, dots zeroed), nostore, sink (tile stores into a second
+# buffer), nozero / noA / noB / nodp (one tile instruction removed), deep (six dot tiles, tmm6/tmm7 for A/B),
+# batched (three groups' stores and issues, then three epilogues); zeroonly / zerorot / zeroonce: notile2 plus one
+# tilezero per group / per group over tiles 0-3 / once per tile pass
+for v in noepi notile2 nostore sink nozero noA noB nodp deep batched; do
+  python scripts/ab_kernels.py /tmp/amx/base.c /tmp/amx/$v.c --threads 1 --int4-only --rows 16,64 --no-check; done
+for v in zeroonly zerorot zeroonce; do
+  python scripts/ab_kernels.py /tmp/amx/notile2.c /tmp/amx/$v.c --threads 1 --int4-only --rows 16,64 --no-check; done
+python scripts/ab_kernels.py /tmp/amx/base.c /tmp/amx/base.c --flags=-DSPECDECODE_NO_AMX --threads 1 --int4-only --rows 8,16,64
+/tmp/llama.cpp-512/build/bin/llama-bench -m ~/.cache/specdecode/models/qwen2.5-coder-1.5b-instruct.gguf -t 2 -p 64,512 -n 0 -r 2
+python scripts/bench_prefill.py --lengths 64,512 --rounds 2
