@@ -259,19 +259,13 @@ class Engine:
         return chunks
 
     def _share_prefix(self, seq: Sequence) -> bool:
-        """A prompt admitted cold (nothing of it in its slot) and not yet prefilled copies the longest
-        prefix whose KV a running request has committed (concurrent requests with one system prompt),
-        as far as the drafter lets it: ``Proposer.share`` takes what the drafter holds of it for that
-        request and says from where it still needs the prompt's states. True when it took any."""
+        """A prompt admitted cold and not begun copies the longest prefix a running request has
+        committed (PrefixCache.share: concurrent requests with one system prompt). True when it did."""
         if self.prefix_cache is None or seq.num_prefilled or seq.num_cached:
             return False
-        donors = [(d, d.prompt_ids[:self.kv.lengths[d.slot]]) for d in self.running
-                  if d is not seq and d.slot >= 0 and self.kv.lengths[d.slot]]
-        donor, n = self.prefix_cache.running_match(seq.prompt_ids, donors)
-        n = self.proposer.share(seq, donor, n) if n else 0
+        n = self.prefix_cache.share(seq, self.running, self.proposer)
         if n <= 0:
             return False
-        self.prefix_cache.share(donor.slot, seq.slot, n)
         seq.num_prefilled = n
         if n == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()

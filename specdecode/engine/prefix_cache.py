@@ -5,8 +5,8 @@ a new request whose prompt starts with those tokens (same system prompt, the nex
 take that slot and skip prefilling the common prefix. Positions match, so the reused entries are
 exactly what a fresh prefill would compute: greedy output does not change. When such a slot is about
 to be overwritten, its tokens and KV move to the host prompt store (prompt_store.py) first, if the
-engine has one. A running request's committed prompt entries serve too (``running_match``, ``share``):
-requests that arrive together with one system prompt prefill it once, and the others copy it.
+engine has one. A running request's committed prompt entries serve too (``share``): requests that
+arrive together with one system prompt prefill it once, and the others copy it.
 
 Bookkeeping is one token list per slot, recorded when the slot is released. Whoever else allocates
 a slot of the same KV cache and writes into it (the engine's cost calibration) must ``invalidate`` it.
@@ -66,25 +66,25 @@ class PrefixCache:
         self.hit_tokens += reused
         return slot, reused, kept
 
-    @staticmethod
-    def running_match(prompt_ids: list[int], donors):
-        """(donor, n): the running request whose committed prompt entries share the longest prefix with
-        ``prompt_ids``, and that length (at most all but the last prompt token, the first root);
-        (None, 0) when none shares one. donors: (request, prompt tokens whose KV its slot has committed)."""
-        limit, best = len(prompt_ids) - 1, (None, 0)
-        for donor, tokens in donors:
-            n = min(common_prefix_len(tokens, prompt_ids), limit)
-            if n > best[1]:
-                best = (donor, n)
-        return best
-
-    def share(self, src: int, dst: int, n: int) -> None:
-        """Copies a running slot's entries [0, n) into a slot taken cold (it held nothing of this
-        prompt), and sets that slot's length to n; counted as a hit of n tokens."""
-        self.kv.copy_prefix(src, dst, n)
-        self.kv.set_length(dst, n)
-        self.hits += 1
-        self.hit_tokens += n
+    def share(self, seq, running, proposer) -> int:
+        """``seq`` took its slot cold (nothing of its prompt there) and is not prefilled yet: copies into
+        it the longest prefix (at most all but the last prompt token, the first root) whose KV a request
+        in ``running`` has committed, as far as the drafter lets it (``Proposer.share`` takes what its
+        state for that request holds and says from where it still needs the prompt). Returns the
+        tokens copied (0: none), counted as a hit; sets the slot's length to them."""
+        limit, donor, n = len(seq.prompt_ids) - 1, None, 0
+        for d in running:
+            have = self.kv.lengths[d.slot] if d is not seq and d.slot >= 0 else 0
+            m = min(common_prefix_len(d.prompt_ids[:have], seq.prompt_ids), limit) if have else 0
+            if m > n:
+                donor, n = d, m
+        n = proposer.share(seq, donor, n) if n else 0
+        if n > 0:
+            self.kv.copy_prefix(donor.slot, seq.slot, n)
+            self.kv.set_length(seq.slot, n)
+            self.hits += 1
+            self.hit_tokens += n
+        return n
 
     def _spill(self, slot: int, keep: int) -> None:
         """The free slot's entries past ``keep`` are about to be overwritten: its cached tokens go to
