@@ -1151,3 +1151,5 @@ for v in zeroonly zerorot zeroonce; do
 python scripts/ab_kernels.py /tmp/amx/base.c /tmp/amx/base.c --flags=-DSPECDECODE_NO_AMX --threads 1 --int4-only --rows 8,16,64
 /tmp/llama.cpp-512/build/bin/llama-bench -m ~/.cache/specdecode/models/qwen2.5-coder-1.5b-instruct.gguf -t 2 -p 64,512 -n 0 -r 2
 python scripts/bench_prefill.py --lengths 64,512 --rounds 2
+python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r38_serve_final2.json   # db01b24
