@@ -75,7 +75,7 @@ class PrefixCache:
         limit, donor, n = len(seq.prompt_ids) - 1, None, 0
         for d in running:
             have = self.kv.lengths[d.slot] if d is not seq and d.slot >= 0 else 0
-            m = min(common_prefix_len(d.prompt_ids[:have], seq.prompt_ids), limit) if have else 0
+            m = min(common_prefix_len(d.prompt_ids, seq.prompt_ids), have, limit) if have else 0
             if m > n:
                 donor, n = d, m
         n = proposer.share(seq, donor, n) if n else 0

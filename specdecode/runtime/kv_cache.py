@@ -145,9 +145,7 @@ class KVCache:
 
     def copy_prefix(self, src: int, dst: int, n: int) -> None:
         """Copies entries [0, n) of slot ``src`` into slot ``dst`` (every layer); does not change lengths."""
-        self.k[:, dst, :, :n].copy_(self.k[:, src, :, :n])
-        self.v[:, dst, :, :n].copy_(self.v[:, src, :, :n])
-        self._clean[dst] = max(self._clean[dst], n)
+        self.load(dst, self.k[:, src, :, :n], self.v[:, src, :, :n])
 
     def move(self, slot: int, src: list[int], dst_start: int) -> None:
         """Copies cache entries at indices ``src`` to ``dst_start ..`` (commits an accepted tree path)."""
