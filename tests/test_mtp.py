@@ -351,3 +351,31 @@ def test_train_head_is_seeded_and_resumes(tmp_path):
     run(tmp_path / "a", 6)  # resumes at step 4
     state = torch.load(tmp_path / "a" / "train_state.pt", weights_only=False)
     assert state["step"] == 6 and [r["step"] for r in state["history"]] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_prompt_sharing_a_running_requests_prefix_takes_its_heads_state(tmp_path, monkeypatch):
+    """Requests with one long prefix: one arriving with the first takes a copy of the first's pending
+    hidden states with its KV (nothing of the shared prefix is prefilled again); one arriving after the
+    first has drafted takes its pairs of the shared tokens and prefills again only the last shared
+    position. The proposer never runs the target itself; the outputs are plain decoding's."""
+    plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
+    counts, e = recomputed_positions(monkeypatch), spec.engine
+    chunks, prefilled = [], e._prefilled
+
+    def recording(seq, end, states):
+        chunks.append((seq.num_prefilled, end))
+        prefilled(seq, end, states)
+
+    monkeypatch.setattr(e, "_prefilled", recording)
+    shared = [(7 * i) % 300 + 1 for i in range(150)]
+    a, b, c = shared + [11, 12], shared + [21, 22, 23], shared + [31, 32]
+    sa, sb = e.add_request(a, GREEDY), e.add_request(b, GREEDY)
+    for _ in range(4):
+        e.step()
+    assert sa.stats.accepted_tokens > 0  # a has drafted: its heads fed pairs
+    sc = e.add_request(c, GREEDY)
+    while e.has_work():
+        e.step()
+    assert counts == []
+    assert chunks == [(0, len(a) - 1), (len(shared), len(b) - 1), (len(shared) - 1, len(c) - 1)]
+    assert [s.output_ids for s in (sa, sb, sc)] == [plain.generate(p, GREEDY)[0].token_ids for p in (a, b, c)]

@@ -77,6 +77,27 @@ def test_requests_arriving_together_prefill_a_shared_prompt_once(spec_type, kw):
     assert llm.engine.prefix_cache.hit_tokens == 2 * len(SYSTEM) + len(prompts[3]) - 1
 
 
+@pytest.mark.parametrize("spec_type", ["draft", "ngram,draft"])
+def test_the_draft_model_copies_a_running_requests_entries(spec_type):
+    """In a burst with one system prompt the draft model, too, prefills the shared prefix once: the
+    others copy the first request's draft entries and feed only their own tokens."""
+    kw = dict(draft_seed=0, draft_noise=0.5, draft_p_min=0.0, draft_fixed=True, draft_max=4)
+    prompts = [SYSTEM + [11, 12, 13], SYSTEM + [21, 22], SYSTEM + [31], SYSTEM + [11, 12, 13]]
+    ref = [o.token_ids for o in no_cache(spec_type, max_num_seqs=4, **kw).generate(prompts, GREEDY)]
+    llm = tiny_llm(spec_type, max_num_seqs=4, **kw)
+    prop = llm.engine.proposer
+    prop = next(m for m in prop.members if m.name == "draft") if hasattr(prop, "members") else prop
+    rows, forward = [], prop.runner.forward
+
+    def spy(slots, tokens, *a, **kw):
+        rows.extend(map(len, tokens))
+        return forward(slots, tokens, *a, **kw)
+
+    prop.runner.forward = spy
+    assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == ref
+    assert [n for n in rows if n > 1 + 4] == [len(prompts[0]) - 1]  # beyond it: [21], roots and drafts
+
+
 def test_a_request_joining_running_ones_copies_their_prompt():
     """A prompt admitted while another request decodes takes the prefix that request's slot holds,
     though the slot is not free; the donor's own output does not change."""

@@ -15,7 +15,8 @@ acceptance but never the output's correctness (the target verifies every draft).
 
 A finished request's state is kept for its target slot's next request (speculative/kept.py): after
 a prefix-cache hit the draft keeps its entries of the shared tokens (up to its first skip) and
-prefills only the rest.
+prefills only the rest. A prompt that shares a running request's prefix (``share``) copies that
+request's entries of it the same way.
 
 Draft vocabulary (``--draft-vocab auto``): when the target has an EAGLE-3 head (``--spec-head`` or
 bundled), the draft's LM head keeps only the rows of that head's draft vocabulary, the target's most
@@ -124,6 +125,21 @@ class DraftModelProposer(Proposer):
             self.runner.forward([st.slot], [seq.prompt_ids[st.length:end]], [range(st.length, end)], logits=False)
             self.kv.set_length(st.slot, end - st.skipped)
             st.length = end
+
+    def share(self, seq, donor, n):
+        """A copy of the donor's entries of the n shared tokens, as far as they hold exact positions (up
+        to its first skip), so the draft prefills only the rest of the prompt. The target shares all n
+        either way: the draft feeds its missing tokens itself (``prefill``, ``propose``)."""
+        src = donor.draft_state
+        if seq.draft_state is not None or seq.num_cached or src is None:
+            return n
+        have = min(n, src.exact, self.kv.lengths[src.slot])
+        self._kept.take(seq)  # frees the state kept under seq's slot, whose tokens seq does not reuse
+        seq.draft_state = _State(self.kv.allocate(), have)
+        if have:
+            self.kv.copy_prefix(src.slot, seq.draft_state.slot, have)
+        self.kv.set_length(seq.draft_state.slot, have)
+        return n
 
     def propose(self, seqs, max_tokens):
         drafts = [[] for _ in seqs]

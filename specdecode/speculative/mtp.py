@@ -17,7 +17,8 @@ with real pairs, so every commit rolls them back. The prompt's hidden states com
 prefill (``prefill``); those the engine never handed over (a prefix-cache hit) are recomputed from the
 target's KV cache, which is read, never written (``Target.hidden_states``). A finished request's state
 is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the heads
-keep their pairs of the shared tokens."""
+keep their pairs of the shared tokens; a prompt that shares a running request's prefix (``share``) copies
+that request's pairs and hidden states of it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -199,6 +200,23 @@ class MTPProposer(Proposer):
         lo = max(st.fed if st.slot >= 0 else 0, cached - PROMPT_WINDOW, 0)
         have = st.hpos + len(st.h) if st.h is not None and st.hpos <= lo else lo
         return min(have, cached)
+
+    @torch.inference_mode()
+    def share(self, seq, donor, n):
+        """A copy of the donor's state, cut back as a kept state is after a prefix-cache hit (``_resume``):
+        its pairs and pending hidden states of the n shared positions, so neither the prefill nor the
+        first proposal computes them again."""
+        src = donor.draft_state
+        if seq.draft_state is not None or seq.num_cached or src is None:
+            return self.prefill_start(seq, n)
+        self._kept.take(seq)  # frees the state kept under seq's slot, whose tokens seq does not reuse
+        st = _State(off=src.off, hpos=src.hpos, h=None if src.h is None else src.h.clone())
+        fed = min(src.fed, n - 1) if src.slot >= 0 else src.off
+        if fed > src.off:  # cache index = position - off
+            st.slot, st.fed = self.kv.allocate(), fed
+            self.kv.copy_prefix(src.slot, st.slot, fed - src.off)
+        seq.draft_state = self._resume(st, n)
+        return self.prefill_start(seq, n)
 
     def commit(self, seq, num_accepted, hidden):
         """Keeps the target hidden states of the rows the verify committed (positions len(tokens) - a - 2 ..
