@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import deque
-from dataclasses import dataclass
 
 import torch
 
@@ -31,19 +30,13 @@ from ..store import resolve_model
 from ..tokenizer.detok import StreamingDetokenizer
 from .calibration_cache import engine_cache
 from .draft_plan import DraftPlanner
+from .failures import StepOutput, fail, isolate, snapshot
 from .prefix_cache import PrefixCache
 from .prompt_store import PromptStore
 from .sequence import Sequence
 from .spec_step import speculative_step
 
 log = logging.getLogger("specdecode")
-
-
-@dataclass
-class StepOutput:
-    seq: Sequence
-    delta: str
-    error: Exception | None = None  # the step failed for this sequence alone, and ended it
 
 
 def release_threads() -> None:
@@ -183,7 +176,7 @@ class Engine:
                 self._prefill_alone(seq, end, outputs)
             ready, chunks = [s for s in self.running if self._decoding(s)], []
         if ready:
-            before = [(s.stats.steps, s.num_tokens, self.kv.lengths[s.slot], len(s.text)) for s in ready]
+            before = snapshot(ready, self.kv)
             try:
                 t0 = self.timer.now()
                 self.planner.gated = None
@@ -192,7 +185,7 @@ class Engine:
                 results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now,
                                                    [(s, s.prompt_ids[s.num_prefilled:end]) for s, end in chunks])
             except Exception as e:
-                outputs += self._isolate(ready, before, e)
+                outputs += isolate(self.runner, self.proposer, ready, before, e, self.timer.now)
                 for seq, end in chunks:  # each prompt alone: one whose data made the step raise fails alone
                     self._prefill_alone(seq, end, outputs)
             else:
@@ -206,33 +199,6 @@ class Engine:
                     self.acceptance.decay()
         self._retire()
         return outputs
-
-    def _isolate(self, seqs: list[Sequence], before: list[tuple], error: Exception) -> list[StepOutput]:
-        """A batched step raised. Sequences it committed keep their tokens; one it left half-committed
-        fails; the rest are stepped one at a time without a draft (for the proposer: a step whose draft
-        was rejected), so a request whose data makes the step raise fails alone and the others advance
-        by exactly the token a plain step gives them (nothing is committed twice)."""
-        log.warning("a batched step of %d sequences failed (%r): stepping them one at a time", len(seqs), error)
-        outputs = []
-        for seq, (steps, n, length, shown) in zip(seqs, before):
-            if seq.stats.steps != steps:  # its commit completed before the failure
-                outputs.append(StepOutput(seq, seq.text[shown:]))
-            elif seq.num_tokens != n or self.kv.lengths[seq.slot] != length:
-                outputs.append(self._fail(seq, error))
-            else:
-                try:
-                    self.proposer.discard(seq)
-                    (r,), _ = speculative_step(self.runner, self.proposer, [seq], [0], self.timer.now)
-                    outputs.append(StepOutput(seq, r.delta))
-                except Exception as e:
-                    outputs.append(self._fail(seq, e))
-        return outputs
-
-    def _fail(self, seq: Sequence, error: Exception) -> StepOutput:
-        # the detail goes to the log; what a client sees is the caller's choice
-        log.error("request %d failed and was ended: %r", seq.seq_id, error, exc_info=error)
-        seq.fail()
-        return StepOutput(seq, "", error)
 
     @staticmethod
     def _decoding(seq: Sequence) -> bool:
@@ -284,7 +250,7 @@ class Engine:
                                                       capture_layers=self.proposer.capture_layers)
             self._prefilled(seq, end, (hidden[0], {i: h[0] for i, h in captured.items()}))
         except Exception as e:  # this prompt's forward failed: the others go on
-            outputs.append(self._fail(seq, e))
+            outputs.append(fail(seq, e))
 
     def _prefilled(self, seq: Sequence, end: int, states) -> None:
         """A chunk's KV is in the cache up to ``end``: commits it and hands its states to the proposer."""

@@ -29,16 +29,8 @@ are valued on their record and measured cost without running them. The best cand
 plain decoding; otherwise the sequence decodes plainly this step. Every member sees every prefill,
 commit and release, so whichever is chosen next has its state up to date.
 
-Merging (``--spec-merge``): where a model member is chosen and a draftless member also found a draft,
-the two deterministic drafts can be verified as one tree (their trie union, DraftTree.union): the step
-accepts the longer of the two matches. ``plan`` values the union from both records, taking their
-matches as independent (position d is reached with probability P_a + P_b - P_a P_b, where P is a
-member's probability of reaching d alone), at the drafting cost of the model member and the verify
-cost of every node, over the leading j nodes of the draftless draft for each j; the union is drafted
-when its best rate beats the model member's alone. Each member's record is then credited with its own
-tree's match (DraftTree.match), so what the union accepts through one member never counts as the
-other's. A sampled model draft (a draft model at T > 0) carries draft probabilities and is verified
-alone: the p/q rule is not defined for a node with one sampled and one deterministic sibling here."""
+Merging (``--spec-merge``): a model member's draft and a draftless member's may be verified as one tree
+(speculative/chain_state.py says how ``plan`` values the union and credits each member)."""
 from __future__ import annotations
 
 from typing import Callable

@@ -1,4 +1,15 @@
-"""A chain's per-request state (speculative/chain.py) and the arithmetic of a merged draft's reach."""
+"""A chain's per-request state (speculative/chain.py) and the arithmetic of a merged draft's reach.
+
+Merging (``--spec-merge``): where a model member is chosen and a draftless member also found a draft,
+the two deterministic drafts can be verified as one tree (their trie union, DraftTree.union): the step
+accepts the longer of the two matches. ``plan`` values the union from both records, taking their
+matches as independent (position d is reached with probability P_a + P_b - P_a P_b, where P is a
+member's probability of reaching d alone), at the drafting cost of the model member and the verify
+cost of every node, over the leading j nodes of the draftless draft for each j; the union is drafted
+when its best rate beats the model member's alone. Each member's record is then credited with its own
+tree's match (DraftTree.match), so what the union accepts through one member never counts as the
+other's. A sampled model draft (a draft model at T > 0) carries draft probabilities and is verified
+alone: the p/q rule is not defined for a node with one sampled and one deterministic sibling here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

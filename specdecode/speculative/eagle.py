@@ -13,14 +13,10 @@ than 2 PROMPT_WINDOW is fed as its chunks arrive (what is pending stays bounded)
 is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the head keeps the
 entries (and pending features) of the shared tokens, and only the positions the hit leaves are fed. A proposal
 feeds the pending entries (one verify's worth, or more after steps in which a chain chose another drafter),
-then grows the tree (speculative/eagle_tree.py): depth 1 = the top-k tokens of the last entry; each later step
-feeds the k best frontier nodes (by path log-probability) as entries that see the committed prefix and their
-own ancestors (tree mask), and scores their top-k children; finally the best ``num_draft_tokens - 1`` nodes
-overall are kept (parents score at least as high as their children, so the set is closed under ancestors).
-Draft entries are written past ``fed`` and never committed: the next commit drops them, and the accepted
-tokens re-enter with the target's own features. Tokens are chosen deterministically (top-k), so the tree
-carries no draft distributions and the shared accept() is exact at any temperature (a deterministic draft is
-the one-hot q)."""
+then grows the tree (speculative/eagle_tree.py). Draft entries are written past ``fed`` and never committed:
+the next commit drops them, and the accepted tokens re-enter with the target's own features. Tokens are
+chosen deterministically (top-k), so the tree carries no draft distributions and the shared accept() is
+exact at any temperature (a deterministic draft is the one-hot q)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

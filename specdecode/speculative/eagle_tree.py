@@ -1,6 +1,9 @@
-"""EAGLE-2 tree growth for a batch of sequences (speculative/eagle.py drafts with it): the top-k
-children of each frontier node by path log-probability, the best k of them the next frontier, the best
-nodes overall the draft."""
+"""EAGLE-2 tree growth for a batch of sequences (speculative/eagle.py drafts with it): depth 1 = the
+top-k tokens of the last committed entry; each later step feeds the k best frontier nodes (by path
+log-probability) as head entries that see the committed prefix and their own ancestors (tree mask), and
+scores their top-k children; finally the best ``num_draft_tokens - 1`` nodes overall are kept (parents
+score at least as high as their children, so the set is closed under ancestors). With --eagle-topk 1
+the tree is a chain, grown without masks (``_chain``)."""
 from __future__ import annotations
 
 import torch
