@@ -19,6 +19,8 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
                   (what it was before the chain path; the same drafts)
   no-share        a prompt never copies a running request's prefix (only free slots' and the prompt
                   store's serve it, as before the engine shared them)
+  no-draft-share  the target shares a running request's prefix, a draft model or MTP heads do not: they
+                  prefill the shared prefix again (as before they shared their state)
 
 Each repetition's line gives every configuration's mean proposal time over the steps that drafted
 (``propose``) and the steps its speculation gate made plain (``gated``).
@@ -26,6 +28,8 @@ Each repetition's line gives every configuration's mean proposal time over the s
     python scripts/bench_interleaved.py --spec-types none,auto --categories roleplay,rag --reps 3
     python scripts/bench_interleaved.py --spec-types none,auto,auto:optimistic --categories qa --reps 2
     python scripts/bench_interleaved.py --spec-types none,auto --batch 8 --requests 16 --reps 3
+    python scripts/bench_interleaved.py --spec-types draft,draft:no-draft-share --model-draft \
+        qwen2.5-coder-0.5b-instruct --batch 8 --requests 16 --reps 3
 """
 from __future__ import annotations
 
@@ -39,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share")
+VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share", "no-draft-share")
 
 
 def variant(llm, name: str) -> None:
@@ -52,6 +56,14 @@ def variant(llm, name: str) -> None:
             m.evidence_prior = lambda c: ()
     elif name == "no-share":
         eng._share_prefix = lambda seq: False
+    elif name == "no-draft-share":
+        from types import MethodType
+
+        from specdecode.speculative.proposer import Proposer
+
+        for m in [eng.proposer, *getattr(eng.proposer, "members", ())]:
+            if m.name in ("draft", "draft-mtp"):
+                m.share = MethodType(Proposer.share, m)
     elif name == "eagle-tree":
         from specdecode.speculative import eagle, eagle_tree
 
@@ -87,6 +99,7 @@ def units(prompts: list, cats: list[str] | None, n: int) -> list[tuple[str, list
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    ap.add_argument("--model-draft", help="a draft model for every configuration (draft, or auto's chain)")
     ap.add_argument("--spec-types", default="none,auto", help="configurations: base,other[,...], each TYPE or "
                                                               "TYPE:VARIANT (" + ", ".join(VARIANTS) + ")")
     ap.add_argument("--categories", help="comma-separated Spec-Bench categories, the first prompt of each "
@@ -109,7 +122,8 @@ def main() -> int:
     first, others = configs[0], configs[1:]
     seqs_cap = max(1, a.batch)
     requests = max(seqs_cap, a.requests or seqs_cap)
-    base = LLM(a.model, spec_type=first.partition(":")[0], threads=a.threads, max_num_seqs=seqs_cap)
+    kw = dict(threads=a.threads, max_num_seqs=seqs_cap, model_draft=a.model_draft)
+    base = LLM(a.model, spec_type=first.partition(":")[0], **kw)
     variant(base, first.partition(":")[2])
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -123,8 +137,7 @@ def main() -> int:
             engines = {first: base.engine}
             for c in others:
                 spec, _, var = c.partition(":")
-                llm = LLM(a.model, spec_type=spec, threads=a.threads, max_num_seqs=seqs_cap,
-                          _model=base.engine.model, _tokenizer=base.tokenizer)
+                llm = LLM(a.model, spec_type=spec, _model=base.engine.model, _tokenizer=base.tokenizer, **kw)
                 variant(llm, var)
                 llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)  # calibration, kernel build
                 engines[c] = llm.engine
