@@ -1153,3 +1153,16 @@ python scripts/ab_kernels.py /tmp/amx/base.c /tmp/amx/base.c --flags=-DSPECDECOD
 python scripts/bench_prefill.py --lengths 64,512 --rounds 2
 python -m specdecode.cli bench-serve -t $T --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r38_serve_final2.json   # db01b24
+
+# ---- Round 39 (Emerald Rapids with AMX, 2026-12-06): draft model / MTP sharing, c8 / c1, AMX without tilezero ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python scripts/bench_interleaved.py --spec-types draft,draft:no-draft-share --model-draft qwen2.5-coder-0.5b-instruct \
+  --batch 8 --requests 16 --max-tokens 96 --reps 3 --prompts $P          # twice
+# the draft model's prompt tokens with and without sharing: a spy on DraftModelProposer.runner.forward over
+# LLM(..., spec_type="draft", max_num_seqs=8).generate(the 16 chat-templated prompts, max_tokens=96), the
+# no-share side with proposer.share = Proposer.share (what variant no-draft-share does)
+python scripts/bench_levels.py --spec-type none --reps 2
+python scripts/bench_levels.py --spec-type none --reps 1 --steps
+# the running-sum variant of amx_tile_rows (/tmp/qg_cum.c: no tilezero per group, epilogue on now - was)
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_cum.c --rows 16,32,64 --threads 1
+python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --prompts $P
