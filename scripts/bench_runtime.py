@@ -11,10 +11,12 @@ fraction of the ceiling is its decode against its own probe, and the median and 
 fractions are reported. The verify curve's ratios are likewise paired within each of 9 rounds
 (median and range over the rounds).
 
-The probe reads three ways and the ceiling is the fastest: torch's x.sum() (the probe of rounds before
-35) and scripts/stream_read.c (eight 256-bit accumulators per thread, software prefetch) over a buffer in
-ordinary 4 KiB pages, and stream_read.c over one in transparent 2 MiB pages (an anonymous mapping marked
-MADV_HUGEPAGE and faulted in before timing). The weights sit in 2 MiB pages where the host gives them
+The probe reads four ways and the ceiling is the fastest: torch's x.sum() (the probe of rounds before
+35) and scripts/stream_read.c (eight 256-bit accumulators per thread, software prefetch into L1) over a
+buffer in ordinary 4 KiB pages, and stream_read.c over one in transparent 2 MiB pages (an anonymous
+mapping marked MADV_HUGEPAGE and faulted in before timing), once as it is and once also requesting lines
+16 KiB ahead into L2, as the int4 kernel streams its weights (on Intel hosts one level alone read slower
+than the kernel's decode streamed, docs/benchmarks.md, round 39). The weights sit in 2 MiB pages where the host gives them
 (runtime/host_memory.py, the weight cache's mapping), so a ceiling measured in 4 KiB pages alone could
 sit below what the same memory streams at in them; on a VM, which way reads fastest changes from moment
 to moment (docs/benchmarks.md, round 35)."""
@@ -54,8 +56,9 @@ def huge_page_tensor(nbytes: int) -> tuple[torch.Tensor, float]:
 
 
 def stream_reader():
-    """stream_read(x, threads) -> x's float sum, read by the native probe (built here with the C compiler);
-    None where it cannot be built (no compiler, no AVX2): the probe is then torch's sum alone."""
+    """stream_read(x, threads, far=0) -> x's float sum, read by the native probe (built here with the C
+    compiler; far: two prefetch levels); None where it cannot be built (no compiler, no AVX2): the probe is
+    then torch's sum alone."""
     if "avx2" not in Path("/proc/cpuinfo").read_text():
         return None
     src = Path(__file__).with_name("stream_read.c")
@@ -69,9 +72,9 @@ def stream_reader():
             return None
         tmp.replace(out)
     lib = ctypes.CDLL(str(out))
-    lib.stream_read.restype = ctypes.c_float
-    lib.stream_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return lambda x, threads: lib.stream_read(x.data_ptr(), x.numel(), threads)
+    lib.stream_read_pf.restype = ctypes.c_float
+    lib.stream_read_pf.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int]
+    return lambda x, threads, far=0: lib.stream_read_pf(x.data_ptr(), x.numel(), threads, far)
 
 
 def bandwidth(read, x: torch.Tensor, reps: int = 5) -> float:
@@ -123,12 +126,14 @@ def main():
     native = stream_reader()
     probe_huge, huge_share = huge_page_tensor(2**30) if native else (None, 0.0)
     read = lambda x: native(x, a.threads)  # noqa: E731
-    prefill, decode, bws, bws_4k, bws_2m, bws_torch = [], [], [], [], [], []
+    read_far = lambda x: native(x, a.threads, 1)  # noqa: E731
+    prefill, decode, bws, bws_4k, bws_2m, bws_far, bws_torch = [], [], [], [], [], [], []
     for _ in range(a.reps + 1):  # the first round warms up and is dropped
         bws_torch.append(bandwidth(lambda x: x.sum(), probe, reps=3))
         bws_4k.append(bandwidth(read, probe, reps=3) if native else 0.0)
         bws_2m.append(bandwidth(read, probe_huge, reps=3) if native else 0.0)
-        bws.append(max(bws_4k[-1], bws_2m[-1], bws_torch[-1]))
+        bws_far.append(bandwidth(read_far, probe_huge, reps=3) if native else 0.0)
+        bws.append(max(bws_4k[-1], bws_2m[-1], bws_far[-1], bws_torch[-1]))
         kv.set_length(slot, 0)
         t0 = time.perf_counter()
         logits, _, _ = runner.forward([slot], [prompt], last_only=True)
@@ -142,7 +147,8 @@ def main():
         t2 = time.perf_counter()
         prefill.append(len(prompt) / (t1 - t0))
         decode.append(a.decode_tokens / (t2 - t1))
-    prefill, decode, bws, bws_4k, bws_2m, bws_torch = (v[1:] for v in (prefill, decode, bws, bws_4k, bws_2m, bws_torch))
+    prefill, decode, bws, bws_4k, bws_2m, bws_far, bws_torch = (
+        v[1:] for v in (prefill, decode, bws, bws_4k, bws_2m, bws_far, bws_torch))
     fractions = [d * wbytes / bw for d, bw in zip(decode, bws)]
     # verify cost curve at a 256-token context: one forward over t new tokens, rolled back. Rounds
     # interleave t = 1..9, so a drift of the machine's speed during the run hits every t alike.
@@ -162,6 +168,7 @@ def main():
         "weight_bytes_per_token": wbytes, "bandwidth_GB_s": round(bw / 1e9, 2),
         "bandwidth_4k_GB_s": round(statistics.median(bws_4k) / 1e9, 2),
         "bandwidth_2m_GB_s": round(statistics.median(bws_2m) / 1e9, 2), "probe_2m_huge_share": round(huge_share, 3),
+        "bandwidth_2m_far_GB_s": round(statistics.median(bws_far) / 1e9, 2),
         "bandwidth_torch_sum_GB_s": round(statistics.median(bws_torch) / 1e9, 2),
         "ceiling_tok_s": round(bw / wbytes, 2),
         "fraction_of_ceiling": round(statistics.median(fractions), 3),

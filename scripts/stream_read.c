@@ -4,8 +4,9 @@
  * torch's x.sum(), and takes the fastest of the three as the ceiling.
  *
  * Each thread sums its contiguous share of the floats with eight independent 256-bit accumulators
- * (256 bytes per iteration: loads, never the adds, bound it) and requests lines PF bytes ahead, as
- * the int4 kernel does for its weights; the threads start together and the call returns when the last
+ * (256 bytes per iteration: loads, never the adds, bound it) and requests lines PF bytes ahead into L1
+ * (stream_read) or also PF_FAR bytes ahead into L2 (stream_read_pf with far set), as the int4 kernel
+ * does for its weights; the threads start together and the call returns when the last
  * one is done, so the time covers the slowest share.
  *
  *     gcc -O2 -mavx2 -shared -fPIC scripts/stream_read.c -o /tmp/stream_read.so -lpthread
@@ -14,11 +15,13 @@
 #include <pthread.h>
 #include <stddef.h>
 
-#define PF 4096
+#define PF 4096      /* into L1, as the int4 kernel's PF_NEAR */
+#define PF_FAR 16384 /* into L2 (the T2 hint), as its PF_FAR: the second level where ``far`` is set */
 
 typedef struct {
     const float *p;
     size_t n;
+    int far;
     float sum;
 } share;
 
@@ -28,10 +31,9 @@ static void *sum_share(void *arg) {
     for (int k = 0; k < 8; k++) a[k] = _mm256_setzero_ps();
     size_t i = 0;
     for (; i + 64 <= s->n; i += 64) {
-        _mm_prefetch((const char *)(s->p + i) + PF, _MM_HINT_T0);
-        _mm_prefetch((const char *)(s->p + i) + PF + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)(s->p + i) + PF + 128, _MM_HINT_T0);
-        _mm_prefetch((const char *)(s->p + i) + PF + 192, _MM_HINT_T0);
+        if (s->far)
+            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(s->p + i) + PF_FAR + 64 * l, _MM_HINT_T2);
+        for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(s->p + i) + PF + 64 * l, _MM_HINT_T0);
         for (int k = 0; k < 8; k++) a[k] = _mm256_add_ps(a[k], _mm256_loadu_ps(s->p + i + 8 * k));
     }
     float out[8], total = 0.f;
@@ -43,8 +45,10 @@ static void *sum_share(void *arg) {
     return NULL;
 }
 
-/* The sum of p[0 .. n) read by ``threads`` threads (the caller's among them), up to 64. */
-float stream_read(const float *p, size_t n, int threads) {
+/* The sum of p[0 .. n) read by ``threads`` threads (the caller's among them), up to 64; far: also request
+ * lines PF_FAR bytes ahead into L2, as the int4 kernel streams its weights (one level alone reads slower
+ * than the kernel streams on some Intel hosts). */
+float stream_read_pf(const float *p, size_t n, int threads, int far) {
     if (threads < 1) threads = 1;
     if (threads > 64) threads = 64;
     share s[64];
@@ -53,6 +57,7 @@ float stream_read(const float *p, size_t n, int threads) {
     for (int k = 0; k < threads; k++) {
         s[k].p = p + per * k;
         s[k].n = k == threads - 1 ? n - per * k : per;
+        s[k].far = far;
     }
     for (int k = 1; k < threads; k++) pthread_create(&t[k], NULL, sum_share, &s[k]);
     sum_share(&s[0]);
@@ -63,3 +68,5 @@ float stream_read(const float *p, size_t n, int threads) {
     }
     return total;
 }
+
+float stream_read(const float *p, size_t n, int threads) { return stream_read_pf(p, n, threads, 0); }
