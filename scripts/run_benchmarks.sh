@@ -1166,3 +1166,10 @@ python scripts/bench_levels.py --spec-type none --reps 1 --steps
 # the running-sum variant of amx_tile_rows (/tmp/qg_cum.c: no tilezero per group, epilogue on now - was)
 python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_cum.c --rows 16,32,64 --threads 1
 python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --prompts $P
+# scales per tile (/tmp/qg_scales.c: group_scales once per tile into the AMX unpack buffer)
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_scales.c --rows 12,16,32,64 --threads 1 --int4-only
+# PyTorch's bf16 GEMM (oneDNN) on the 1.5B's shapes, 16 / 64 / 256 rows, two threads: F.linear(x.bfloat16(), w.bfloat16())
+# the probe with and without the second prefetch level: stream_read_pf(p, n, 2, far) over 1 and 4 GiB, four rounds
+for i in 1 2; do python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r39_runtime_512_$i.json
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r39_runtime_avx2_$i.json; done
+python scripts/bench_verify_curve.py --rounds 11
