@@ -359,6 +359,26 @@ def test_bench_serve_rounds_combine_by_medians_and_paired_ratios():
     assert combine_rounds({"none": {1: [level(30, 5)]}}) == {"none": {1: level(30, 5)}}  # one round: as it was
 
 
+def test_bench_serve_scaling_pairs_each_level_with_the_lowest_of_its_round():
+    """'scaling': a level's tok/s over the same configuration's at its lowest level; with several rounds
+    the median (range) of each round's own ratio, which the machine's drift between rounds leaves alone."""
+    from specdecode.bench.serve_report import combine_rounds, format_table
+
+    def level(tps):
+        return {"requests": 4, "request_throughput": tps / 10, "output_tokens_per_s": tps, "ttft_p50_ms": 1.0,
+                "ttft_p99_ms": 1.0, "itl_p50_ms": 1.0, "itl_p99_ms": 1.0, "itl_max_ms": 2.0, "tpot_p50_ms": 1.0,
+                "tpot_p99_ms": 1.0, "duration_s": 1.0, "tau": 1.0, "acceptance_rate": 0.0}
+    # the machine drifts between rounds: the median of the rounds' own ratios (4.0) is not the ratio of
+    # the levels' medians (90 / 25 = 3.6)
+    runs = {"none": {1: [level(25), level(20), level(26)], 8: [level(100), level(84), level(90)]}}
+    out = combine_rounds(runs)
+    assert out["none"][8]["scaling"] == 4.0 and out["none"][8]["scaling_range"] == [3.462, 4.2]
+    assert out["none"][1]["scaling"] == 1.0
+    assert "4.00x (3.46-4.20)" in format_table(out)
+    one = format_table({"none": {1: level(20), 8: level(70)}})  # one round: the plain ratio
+    assert "3.50x" in one and "scaling" in one
+
+
 def test_bench_serve_level_summary_reports_the_longest_inter_token_wait():
     """A level's summary: p50 / p99 of the inter-token gaps over all requests, and the longest one (a
     prefill that stalls decoding requests shows there first)."""

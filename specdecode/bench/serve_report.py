@@ -43,8 +43,9 @@ def combine_rounds(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int
     """label -> level -> the summaries of its rounds, in round order -> label -> level -> one summary:
     the only round's as it is; with several, each figure's median, the tok/s of every round
     (``output_tokens_per_s_runs``) and, for every configuration, the median and range of its tok/s over
-    the first configuration's in the same round (``vs_first``, ``vs_first_range``): paired ratios,
-    which a machine's drift between rounds does not reach."""
+    the first configuration's in the same round (``vs_first``, ``vs_first_range``), and of its tok/s over
+    its own at its lowest level in the same round (``scaling``, ``scaling_range``: the levels of one round
+    run back to back): paired ratios, which a machine's drift between rounds does not reach."""
     import statistics
 
     first = next(iter(runs.values()), {})
@@ -64,31 +65,45 @@ def combine_rounds(runs: dict[str, dict[int, list[dict]]]) -> dict[str, dict[int
             if ratios:
                 m["vs_first"] = round(statistics.median(ratios), 3)
                 m["vs_first_range"] = [round(min(ratios), 3), round(max(ratios), 3)]
+            lowest = by_c[min(by_c)]
+            scaling = [s["output_tokens_per_s"] / b["output_tokens_per_s"]
+                       for s, b in zip(ss, lowest) if b["output_tokens_per_s"]]
+            if scaling:
+                m["scaling"] = round(statistics.median(scaling), 3)
+                m["scaling_range"] = [round(min(scaling), 3), round(max(scaling), 3)]
             out[label][c] = m
     return out
+
+
+def _ratio(f: dict, key: str, value: float | None) -> str:
+    """A ratio column: the rounds' median (range) where ``f`` combines several, else ``value``."""
+    if key in f:
+        lo, hi = f[key + "_range"]
+        return f"{f[key]:.2f}x ({lo:.2f}-{hi:.2f})"
+    return f"{value:.2f}x" if value else "-"
 
 
 def format_table(results: dict) -> str:
     base = next(iter(results.values()))
     lines = [f"{'config':20s} {'conc':>4s} {'req/s':>7s} {'tok/s':>8s} {'ttft50':>8s} {'ttft99':>8s} "
-             f"{'itl50':>7s} {'itl99':>7s} {'itlmax':>7s} {'tpot50':>7s} {'tau':>5s} {'vs first':>8s}"]
+             f"{'itl50':>7s} {'itl99':>7s} {'itlmax':>7s} {'tpot50':>7s} {'tau':>5s} {'vs first':>8s} {'scaling':>8s}"]
     for label, by_c in results.items():
+        lowest = by_c[min(by_c)]["output_tokens_per_s"] if by_c else None
         for c, f in by_c.items():
             ref = base.get(c, {}).get("output_tokens_per_s")
-            rel = f"{f['output_tokens_per_s'] / ref:.2f}x" if ref else "-"
-            if "vs_first" in f:  # several rounds: the median of the paired ratios, and their range
-                lo, hi = f["vs_first_range"]
-                rel = f"{f['vs_first']:.2f}x ({lo:.2f}-{hi:.2f})"
+            rel = _ratio(f, "vs_first", ref and f["output_tokens_per_s"] / ref)
+            scale = _ratio(f, "scaling", lowest and f["output_tokens_per_s"] / lowest)
             tps = f"{f['output_tokens_per_s']:8.1f}"
             if "output_tokens_per_s_runs" in f:
                 tps += f" ({min(f['output_tokens_per_s_runs']):.1f}-{max(f['output_tokens_per_s_runs']):.1f})"
             lines.append(f"{label:20s} {c:4d} {f['request_throughput']:7.2f} {tps} "
                          f"{f['ttft_p50_ms']:8.1f} {f['ttft_p99_ms']:8.1f} {f['itl_p50_ms']:7.1f} "
                          f"{f['itl_p99_ms']:7.1f} {f.get('itl_max_ms', float('nan')):7.1f} {f['tpot_p50_ms']:7.1f} "
-                         f"{f['tau']:5.2f} {rel:>8s}")
-    note = "\n(latencies in ms; 'vs first': output tok/s against the first configuration"
+                         f"{f['tau']:5.2f} {rel:>8s} {scale:>8s}")
+    note = ("\n(latencies in ms; 'vs first': output tok/s against the first configuration; 'scaling': against the "
+            "same configuration's at its lowest concurrency")
     if any("rounds" in f for by_c in results.values() for f in by_c.values()):
-        note += "; several rounds: medians, tok/s's range, and 'vs first' the median (range) of each round's ratio"
+        note += "; several rounds: medians, tok/s's range, and the ratios' median (range) over the rounds' own"
     return "\n".join(lines) + note + ")"
 
 
