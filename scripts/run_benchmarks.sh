@@ -1173,3 +1173,10 @@ python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_scales.c --
 for i in 1 2; do python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r39_runtime_512_$i.json
   SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r39_runtime_avx2_$i.json; done
 python scripts/bench_verify_curve.py --rounds 11
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r39_serve.json
+# server / engine at c = 8: LLM(max_num_seqs=8).generate(the 16 chat prompts, max_tokens=96) against
+# bench_engines([("none", fresh engine)], prompts, [8], 16, {"max_tokens": 96, "temperature": 0}), back to back;
+# a background process busy 10 / 20 / 15 % of each 10 ms beside the engine alone and ab_native.py; dynamic tile chunks:
+python scripts/ab_native.py --rev HEAD --tokens 1,8 --rounds 21        # with the schedule(dynamic) quant_gemm.c
+python scripts/ab_native.py --rev HEAD --tokens 1,5,8,16,64 --rounds 21
