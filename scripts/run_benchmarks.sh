@@ -1180,3 +1180,4 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1
 # a background process busy 10 / 20 / 15 % of each 10 ms beside the engine alone and ab_native.py; dynamic tile chunks:
 python scripts/ab_native.py --rev HEAD --tokens 1,8 --rounds 21        # with the schedule(dynamic) quant_gemm.c
 python scripts/ab_native.py --rev HEAD --tokens 1,5,8,16,64 --rounds 21
+for i in 1 2; do python scripts/ab_native.py --rev HEAD --tokens 1,8,16 --rounds 31; done
