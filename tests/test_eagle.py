@@ -17,7 +17,8 @@ from specdecode.models.eagle import EagleConfig, init_head
 from specdecode.runtime.attention import backend
 
 attend = backend().attend
-from tiny_models import CharTokenizer, hf_model, ours_from_hf, recomputed_positions
+from tiny_models import (CharTokenizer, hf_model, join_after_drafting, ours_from_hf, prefilled_chunks,
+                         recomputed_positions)
 
 F64 = torch.float64
 GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
@@ -622,19 +623,6 @@ def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
     assert out.stats["spec"]["accepted_tokens"] > 0
 
 
-def prefilled_chunks(monkeypatch, eng) -> list[tuple[int, int]]:
-    """Records the prompt positions (start, end) of each prefill chunk the engine runs."""
-    chunks, e = [], eng.engine
-    original = e._prefilled
-
-    def recording(seq, end, states):
-        chunks.append((seq.num_prefilled, end))
-        original(seq, end, states)
-
-    monkeypatch.setattr(e, "_prefilled", recording)
-    return chunks
-
-
 @pytest.mark.parametrize("spec_type,max_num_seqs", [("eagle3", 1), ("eagle3", 3), ("ngram,eagle3", 3)])
 def test_prefix_cache_hit_keeps_the_heads_entries(plain, monkeypatch, spec_type, max_num_seqs):
     """After a prefix-cache hit the head resumes the entries the previous request in that slot left for
@@ -725,19 +713,12 @@ def test_a_prompt_sharing_a_running_requests_prefix_takes_its_head_state(plain, 
     eng = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=3)
     cold = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
     counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
-    e = eng.engine
-    sa, sb = e.add_request(a, GREEDY), e.add_request(b, GREEDY)
-    for _ in range(4):
-        e.step()
-    assert sa.stats.accepted_tokens > 0  # a has drafted: its head fed entries
-    sc = e.add_request(c, GREEDY)
-    while e.has_work():
-        e.step()
+    seqs = join_after_drafting(eng.engine, a, b, c, GREEDY)
     assert counts == []
     assert prefilled == [(0, len(a) - 1), (len(shared), len(b) - 1), (len(shared) - 1, len(c) - 1)]
-    assert e.prefix_cache.hit_tokens == 2 * len(shared) - 1
+    assert eng.engine.prefix_cache.hit_tokens == 2 * len(shared) - 1
     ref = cold.generate([a, b, c], GREEDY)
-    assert [s.output_ids for s in (sa, sb, sc)] == [o.token_ids for o in ref]
+    assert [s.output_ids for s in seqs] == [o.token_ids for o in ref]
 
 
 def test_a_heads_held_out_report_is_the_controllers_prior(tmp_path):

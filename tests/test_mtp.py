@@ -19,7 +19,8 @@ from specdecode.loader.gguf_loader import load_gguf_model, read_gguf_config
 from specdecode.loader.hf import config_from_hf
 from specdecode.loader.mtp_ckpt import attach_mtp, load_mtp_head, mtp_layer_count, save_head_dir
 from specdecode.models.mtp import MTPConfig, build_mtp_head
-from tiny_models import CharTokenizer, hf_model, ours_from_hf, recomputed_positions
+from tiny_models import (CharTokenizer, hf_model, join_after_drafting, ours_from_hf, prefilled_chunks,
+                         recomputed_positions)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
 PROMPTS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [1, 2, 3, 1, 2, 3, 1, 2, 3, 4, 100, 200, 1, 2], [42]]
@@ -359,23 +360,10 @@ def test_a_prompt_sharing_a_running_requests_prefix_takes_its_heads_state(tmp_pa
     first has drafted takes its pairs of the shared tokens and prefills again only the last shared
     position. The proposer never runs the target itself; the outputs are plain decoding's."""
     plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
-    counts, e = recomputed_positions(monkeypatch), spec.engine
-    chunks, prefilled = [], e._prefilled
-
-    def recording(seq, end, states):
-        chunks.append((seq.num_prefilled, end))
-        prefilled(seq, end, states)
-
-    monkeypatch.setattr(e, "_prefilled", recording)
+    counts, chunks = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, spec)
     shared = [(7 * i) % 300 + 1 for i in range(150)]
     a, b, c = shared + [11, 12], shared + [21, 22, 23], shared + [31, 32]
-    sa, sb = e.add_request(a, GREEDY), e.add_request(b, GREEDY)
-    for _ in range(4):
-        e.step()
-    assert sa.stats.accepted_tokens > 0  # a has drafted: its heads fed pairs
-    sc = e.add_request(c, GREEDY)
-    while e.has_work():
-        e.step()
+    seqs = join_after_drafting(spec.engine, a, b, c, GREEDY)
     assert counts == []
     assert chunks == [(0, len(a) - 1), (len(shared), len(b) - 1), (len(shared) - 1, len(c) - 1)]
-    assert [s.output_ids for s in (sa, sb, sc)] == [plain.generate(p, GREEDY)[0].token_ids for p in (a, b, c)]
+    assert [s.output_ids for s in seqs] == [plain.generate(p, GREEDY)[0].token_ids for p in (a, b, c)]

@@ -99,3 +99,29 @@ def recomputed_positions(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(Target, "hidden_states", counting)
     return counts
+
+
+def prefilled_chunks(monkeypatch, eng) -> list[tuple[int, int]]:
+    """Records the prompt positions (start, end) of each prefill chunk the engine of LLM ``eng`` runs."""
+    chunks, e = [], eng.engine
+    original = e._prefilled
+
+    def recording(seq, end, states):
+        chunks.append((seq.num_prefilled, end))
+        original(seq, end, states)
+
+    monkeypatch.setattr(e, "_prefilled", recording)
+    return chunks
+
+
+def join_after_drafting(engine, a: list[int], b: list[int], c: list[int], params, steps: int = 4) -> list:
+    """Prompts a and b admitted together, c after ``steps`` engine steps (by which a must have drafted),
+    then steps until all three finish; returns their sequences."""
+    sa, sb = engine.add_request(a, params), engine.add_request(b, params)
+    for _ in range(steps):
+        engine.step()
+    assert sa.stats.accepted_tokens > 0  # a has drafted: its drafter's state holds entries of its own
+    sc = engine.add_request(c, params)
+    while engine.has_work():
+        engine.step()
+    return [sa, sb, sc]
