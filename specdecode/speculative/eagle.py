@@ -1,10 +1,10 @@
 """EAGLE proposer (``--spec-type eagle3`` / ``eagle``): a draft head on the target's hidden states,
 growing a token tree EAGLE-2 style with SGLang's knobs.
 
-Head state per sequence (``seq.draft_state``, a _State): a KV cache slot whose index i holds the head's entry
-for position base + i (entry j = target features at j + embedding of token j+1; see models/eagle.py), ``fed``
-committed entries, the head's output at the newest of them (``last``: it drafts depth 1), and pending target
-features (handed to ``prefill`` and ``commit``) not fed yet. The prompt's entries are owed, not fed: the
+Head state per sequence (``seq.draft_state``, a HeadState, speculative/eagle_state.py): a KV cache slot whose
+index i holds the head's entry for position base + i (entry j = target features at j + embedding of token j+1;
+see models/eagle.py), ``fed`` committed entries, the head's output at the newest of them (``last``: it drafts
+depth 1), and pending target features (handed to ``prefill`` and ``commit``) not fed yet. The prompt's entries are owed, not fed: the
 prefill keeps its features pending (``_owed``) and the head's first proposal feeds them, so a request the
 controller never drafts with (a full batch, text the head does not predict) never pays for them. They are not
 a catch-up: a drafter that fed its prompt during prefill would have paid them whether or not it drafted, so
@@ -19,7 +19,6 @@ chosen deterministically (top-k), so the tree carries no draft distributions and
 exact at any temperature (a deterministic draft is the one-hot q)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ from ..runtime.kv_cache import KVCache
 from ..runtime.target import Target
 from .controller import DraftCost, ema
 from .eagle_cost import entry_cost, level_cost
+from .eagle_state import HeadState
 from .eagle_tree import grow, select
 from .kept import KeptStates
 from .proposer import Proposer
@@ -40,17 +40,6 @@ from .tree import DraftTree
 
 PROMPT_WINDOW = 256  # prompt positions whose target features are recomputed when none were captured;
 # also what a head keeps of its pending (unfed) positions once they pass twice that: the newest ones
-
-
-@dataclass
-class _State:
-    slot: int
-    base: int = 0  # position of head KV index 0
-    fed: int = 0  # committed head entries: positions base .. base + fed - 1
-    feats: torch.Tensor | None = None  # [n, F] target features of positions fstart .. fstart + n - 1
-    fstart: int = 0
-    last: torch.Tensor | None = None  # [H] pre-norm output of entry base + fed - 1 (valid when feats is None)
-    buf: torch.Tensor | None = None  # [capacity, F]: feats is its first n rows while commits append to it
 
 
 class EagleProposer(Proposer):
@@ -95,13 +84,13 @@ class EagleProposer(Proposer):
         return min(n, self.spec.num_steps) if self.spec.eagle_topk == 1 else n
 
     # -- state -----------------------------------------------------------------------------------
-    def _state(self, seq) -> _State:
+    def _state(self, seq) -> HeadState:
         if seq.draft_state is None:
             kept = self._kept.take(seq)
-            seq.draft_state = _State(self.kv.allocate()) if kept is None else self._resume(kept, seq.num_cached)
+            seq.draft_state = HeadState(self.kv.allocate()) if kept is None else self._resume(kept, seq.num_cached)
         return seq.draft_state
 
-    def _resume(self, st: _State, reused: int) -> _State:
+    def _resume(self, st: HeadState, reused: int) -> HeadState:
         """The previous request's state, cut back to what its first ``reused`` tokens determine: entry j
         (features at j, token j + 1) while j + 1 < reused, pending features at positions < reused (a
         head that never drafted for that request has only those: its prompt was owed)."""
@@ -112,31 +101,16 @@ class EagleProposer(Proposer):
             keep = reused - st.fstart
             st.feats = st.feats[:keep] if keep > 0 else None
         if st.fed == 0 and st.feats is None:  # nothing left: a fresh state
-            st = _State(st.slot)
+            st = HeadState(st.slot)
         self.kv.set_length(st.slot, st.fed)
         return st
-
-    def _add_features(self, st: _State, start: int, feats: torch.Tensor) -> None:
-        """Pending features of positions start .. start + n - 1 (contiguous with what is pending). They
-        are appended into a buffer of doubling capacity: a head that does not draft for many steps
-        gains a few rows per commit, and concatenating would copy everything pending each time."""
-        if st.feats is not None and st.fstart + len(st.feats) == start:
-            n, m = len(st.feats), len(feats)
-            if st.buf is None or st.buf.data_ptr() != st.feats.data_ptr() or n + m > len(st.buf):
-                buf = feats.new_empty(max(64, 2 * (n + m)), feats.shape[-1])
-                buf[:n] = st.feats
-                st.buf = buf
-            st.buf[n:n + m] = feats
-            st.feats = st.buf[:n + m]
-        elif start + len(feats) > st.base + st.fed:
-            st.feats, st.fstart = feats, start
 
     @torch.inference_mode()
     def prefill(self, seq, start, end, hidden):
         """Prompt features from the engine's prefill (positions start .. end - 1; none are recomputed,
         except those of a prefix-cache hit before ``start``), kept pending for the first proposal."""
         st = self._state(seq)
-        self._add_features(st, start, self.head.features(*hidden))
+        st.add_features(start, self.head.features(*hidden))
         self._fill_gap(seq, st, end)
         if st.feats is not None and len(st.feats) > 2 * PROMPT_WINDOW:  # a long prompt: fed as it comes
             self._feed_pending([seq], [st])
@@ -167,7 +141,7 @@ class EagleProposer(Proposer):
         if seq.draft_state is not None or seq.num_cached or src is None or (src.fed == 0 and src.feats is None):
             return self.prefill_start(seq, n)
         self._kept.take(seq)  # frees the state kept under seq's slot, whose tokens seq does not reuse
-        st = _State(self.kv.allocate(), src.base, src.fed, None if src.feats is None else src.feats.clone(),
+        st = HeadState(self.kv.allocate(), src.base, src.fed, None if src.feats is None else src.feats.clone(),
                     src.fstart, src.last)
         self.kv.copy_prefix(src.slot, st.slot, src.fed)
         seq.draft_state = self._resume(st, n)
@@ -178,11 +152,11 @@ class EagleProposer(Proposer):
         st = self._state(seq)
         if hidden is not None:
             feats = self.head.features(*hidden)  # [accepted + 1, F]: root + accepted path
-            self._add_features(st, len(seq.tokens) - 1 - len(feats), feats)
+            st.add_features(len(seq.tokens) - 1 - len(feats), feats)
             self._bound_pending(seq, st)
         self.kv.set_length(st.slot, st.fed)  # drop the draft entries
 
-    def _bound_pending(self, seq, st: _State) -> None:
+    def _bound_pending(self, seq, st: HeadState) -> None:
         """Past 2 PROMPT_WINDOW pending positions, keeps the newest PROMPT_WINDOW: a head not chosen for
         long (a chain drafting with another member, a batch where drafting does not pay) would otherwise
         hold features for the whole answer and feed them all in one stall when chosen. The head then
@@ -200,7 +174,7 @@ class EagleProposer(Proposer):
         self._kept.keep(seq, seq.draft_state)
         seq.draft_state = None
 
-    def _fill_gap(self, seq, st: _State, end: int) -> None:
+    def _fill_gap(self, seq, st: HeadState, end: int) -> None:
         """Recomputes target features for positions before ``end`` (in the target's cache) that the
         head lacks (a prefix-cache hit, unless the engine passed them), limited to PROMPT_WINDOW."""
         have = st.fstart if st.feats is not None else end
@@ -277,7 +251,7 @@ class EagleProposer(Proposer):
             self._entry_cost = ema(self._entry_cost, (self.timer.now() - t0) / (B * T))
 
     # -- cost ------------------------------------------------------------------------------------
-    def _owed(self, seq, st: _State) -> int:
+    def _owed(self, seq, st: HeadState) -> int:
         """Pending rows at prompt positions (before the root): prefill's to feed, no catch-up (module doc).
         A commit appends answer positions after them; a feed or a bounded restart leaves none."""
         if st.feats is None:
