@@ -35,7 +35,8 @@ def snapshot(seqs: list[Sequence], kv) -> list[tuple[int, int, int, int]]:
     return [(s.stats.steps, s.num_tokens, kv.lengths[s.slot], len(s.text)) for s in seqs]
 
 
-def isolate(runner, proposer, seqs: list[Sequence], before: list[tuple], error: Exception, now) -> list[StepOutput]:
+def isolate(runner, proposer, seqs: list[Sequence], before: list[tuple], error: Exception,
+            now) -> list[StepOutput]:
     """A batched step raised. Sequences it committed keep their tokens; one it left half-committed
     fails; the rest are stepped one at a time without a draft (for the proposer: a step whose draft
     was rejected), so a request whose data makes the step raise fails alone and the others advance

@@ -4,19 +4,19 @@ growing a token tree EAGLE-2 style with SGLang's knobs.
 Head state per sequence (``seq.draft_state``, a HeadState, speculative/eagle_state.py): a KV cache slot whose
 index i holds the head's entry for position base + i (entry j = target features at j + embedding of token j+1;
 see models/eagle.py), ``fed`` committed entries, the head's output at the newest of them (``last``: it drafts
-depth 1), and pending target features (handed to ``prefill`` and ``commit``) not fed yet. The prompt's entries are owed, not fed: the
-prefill keeps its features pending (``_owed``) and the head's first proposal feeds them, so a request the
-controller never drafts with (a full batch, text the head does not predict) never pays for them. They are not
-a catch-up: a drafter that fed its prompt during prefill would have paid them whether or not it drafted, so
-``catch_up_cost`` leaves them out and the choice to draft is the one that drafter would make. A prompt longer
-than 2 PROMPT_WINDOW is fed as its chunks arrive (what is pending stays bounded). A finished request's state
-is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the head keeps the
-entries (and pending features) of the shared tokens, and only the positions the hit leaves are fed. A proposal
-feeds the pending entries (one verify's worth, or more after steps in which a chain chose another drafter),
-then grows the tree (speculative/eagle_tree.py). Draft entries are written past ``fed`` and never committed:
-the next commit drops them, and the accepted tokens re-enter with the target's own features. Tokens are
-chosen deterministically (top-k), so the tree carries no draft distributions and the shared accept() is
-exact at any temperature (a deterministic draft is the one-hot q)."""
+depth 1), and pending target features (handed to ``prefill`` and ``commit``) not fed yet. The prompt's entries
+are owed, not fed: the prefill keeps its features pending (``_owed``) and the head's first proposal feeds them,
+so a request the controller never drafts with (a full batch, text the head does not predict) never pays for
+them. They are not a catch-up: a drafter that fed its prompt during prefill would have paid them whether or not
+it drafted, so ``catch_up_cost`` leaves them out and the choice to draft is the one that drafter would make. A
+prompt longer than 2 PROMPT_WINDOW is fed as its chunks arrive (what is pending stays bounded). A finished
+request's state is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the
+head keeps the entries (and pending features) of the shared tokens, and only the positions the hit leaves are
+fed. A proposal feeds the pending entries (one verify's worth, or more after steps in which a chain chose
+another drafter), then grows the tree (speculative/eagle_tree.py). Draft entries are written past ``fed`` and
+never committed: the next commit drops them, and the accepted tokens re-enter with the target's own features.
+Tokens are chosen deterministically (top-k), so the tree carries no draft distributions and the shared accept()
+is exact at any temperature (a deterministic draft is the one-hot q)."""
 from __future__ import annotations
 
 from pathlib import Path
