@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ab_kernels import in_huge_pages, int4_matrix  # noqa: E402  (scripts/ is sys.path[0])
-from specdecode.kernels import load_native_kernels  # noqa: E402
+from specdecode.kernels import native_kernels  # noqa: E402
 
 SHAPES = {"qkv": (2048, 1536), "o": (1536, 1536), "gate_up": (17920, 1536), "down": (1536, 8960)}  # Qwen2.5-1.5B
 LAYERS = 28
@@ -33,7 +33,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.manual_seed(0)
-    lib = load_native_kernels()
+    lib = native_kernels()  # SPECDECODE_NATIVE_FLAGS=-mno-avx512f: the AVX2 body
     layers = [{name: int4_matrix(n, k) for name, (n, k) in SHAPES.items()} for _ in range(LAYERS)]
     layers = [{name: (n, k, in_huge_pages(p), tuple(in_huge_pages(t) for t in s))
                for name, (n, k, p, s) in layer.items()} for layer in layers]
