@@ -1181,3 +1181,43 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1
 python scripts/ab_native.py --rev HEAD --tokens 1,8 --rounds 21        # with the schedule(dynamic) quant_gemm.c
 python scripts/ab_native.py --rev HEAD --tokens 1,5,8,16,64 --rounds 21
 for i in 1 2; do python scripts/ab_native.py --rev HEAD --tokens 1,8,16 --rounds 31; done
+
+# ---- Round 40 (Emerald Rapids with AMX, 2026-12-07): which bound holds per row count; six kernel variants dropped ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r40_serve_1.json
+python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --prompts $P
+python scripts/bench_levels.py --spec-type none --reps 2
+python scripts/bench_runtime.py --quant auto --reps 3                   # once alone, first
+for i in 1 2 3; do python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r40_runtime_512_$i.json
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r40_runtime_avx2_$i.json; done
+python scripts/bench_verify_curve.py --rounds 11                        # five invocations over the session
+python scripts/bench_verify_curve.py --rounds 15 --split --gemms
+python scripts/bench_step_parts.py --reps 3
+for i in 1 2; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c specdecode/kernels/quant_gemm.c --stream \
+  --huge-pages --rows 1 --passes 8 --no-check; python scripts/bench_step_parts.py --reps 3; done
+gcc -O2 -march=native scripts/dpbusd_peak.c -o /tmp/dpbusd_peak && /tmp/dpbusd_peak && /tmp/dpbusd_peak
+python scripts/bench_gemm_bound.py --rows 1,5,9 --rounds 4
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_gemm_bound.py --rows 1,3,5 --rounds 4
+python scripts/bench_prefill.py --lengths 16,24,32,48,64,96,128,200,256,400 --rounds 3
+# variants of quant_gemm.c (each the committed file with one edit, same bits unless --no-check is given):
+# gfni (the high nibbles by one gf2p8affine), dot2 (one row: the low and high nibbles' dots in two chains),
+# pipe (one row: the next group's scales computed a group ahead), far32 / far64 (PF_FAR 32 / 64 KiB),
+# amx5 / amx8 (AMX_MIN_ROWS 5 / 8), rb (AMX passes in row blocks of 1 MiB of activations)
+for v in gfni dot2 pipe far32 far64; do
+  python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_$v.c --stream --huge-pages --rows 1,5,9 --passes 8; done
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_gfni.c --rows 1,5,9 --int4-only --threads 1   # twice
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_amx5.c --rows 5,8,9,10 --int4-only --threads 1
+# timing only, from amx8: noepi (the epilogue replaced by adding the stored dots' first row), nostore (no tile stores)
+for v in noepi nostore; do python scripts/ab_kernels.py /tmp/qg_amx8.c /tmp/qg_amx8_$v.c --rows 8 --int4-only --threads 1 --no-check; done
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_rb.c --stream --huge-pages --int4-only --rows 64,128,256,512 --passes 4
+# what the one-row pass spends on its scales (timing only): nosub (no sub- or super-scale read, constants instead),
+# subinline (the same scale arithmetic on bytes of the group's codes, already in L1: no extra bytes)
+for i in 1 2 3; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_nosub.c --stream --huge-pages \
+  --rows 1 --passes 10 --no-check --int4-only
+  python scripts/ab_kernels.py /tmp/qg_nosub.c /tmp/qg_subinline.c --stream --huge-pages --rows 1 --passes 10 --no-check --int4-only; done
+# a burst's prompts in one forward: runner.forward(8 slots, the 8 prompts' tokens after the shared 29) against a forward
+# per prompt, six interleaved rounds, both waves of bench-serve's 16 chat prompts
+# the server's threads at c = 8: specdecode serve --spec-type none --max-num-seqs 8 --port 8123 (warmed by one level), then
+# py-spy record -p <its pid> -o /tmp/spy.txt -f raw -r 200 -d 40 --threads while this runs:
+python -m specdecode.cli bench-serve --url http://127.0.0.1:8123 --concurrency 8 --requests 16 --max-tokens 96 --prompts $P
