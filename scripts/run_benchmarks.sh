@@ -1182,7 +1182,7 @@ python scripts/ab_native.py --rev HEAD --tokens 1,8 --rounds 21        # with th
 python scripts/ab_native.py --rev HEAD --tokens 1,5,8,16,64 --rounds 21
 for i in 1 2; do python scripts/ab_native.py --rev HEAD --tokens 1,8,16 --rounds 31; done
 
-# ---- Round 40 (Emerald Rapids with AMX, 2026-12-07): which bound holds per row count; six kernel variants dropped ----
+# ---- Round 40 (Emerald Rapids with AMX, 2026-12-07): which bound holds per row count; eight kernel variants dropped ----
 P=$PWD/../shared/datasets/spec_bench/question.jsonl
 python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r40_serve_1.json
@@ -1216,6 +1216,11 @@ python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_rb.c --stre
 for i in 1 2 3; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_nosub.c --stream --huge-pages \
   --rows 1 --passes 10 --no-check --int4-only
   python scripts/ab_kernels.py /tmp/qg_nosub.c /tmp/qg_subinline.c --stream --huge-pages --rows 1 --passes 10 --no-check --int4-only; done
+# the AVX2 body: hoist (super-scales converted once per super-block), three (passes of at most 3 rows, both halves)
+for i in 1 2 3; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_hoist.c --flags=-mno-avx512f \
+  --stream --huge-pages --rows 1,3,5 --passes 8; done
+for i in 1 2; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_three.c --flags=-mno-avx512f \
+  --rows 4,5,6,8,9 --int4-only --threads 1; done
 # a burst's prompts in one forward: runner.forward(8 slots, the 8 prompts' tokens after the shared 29) against a forward
 # per prompt, six interleaved rounds, both waves of bench-serve's 16 chat prompts
 # the server's threads at c = 8: specdecode serve --spec-type none --max-num-seqs 8 --port 8123 (warmed by one level), then
