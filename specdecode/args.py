@@ -22,7 +22,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=_ENG["device"], help="auto | cpu | cuda")
     p.add_argument("--kv-cache-dtype", default=_ENG["kv_cache_dtype"],
                    help="auto | float32 | bfloat16 | float16 (auto: bfloat16 for quantized weights on CPU)")
-    p.add_argument("--threads", "-t", type=int, default=_ENG["threads"])
+    p.add_argument("--threads", "-t", type=int, default=_ENG["threads"],
+                   help="CPU threads (default: one per physical core this process may use, performance cores only "
+                        "on a hybrid CPU, within its cgroup's CPU quota; OMP_NUM_THREADS decides where set)")
     p.add_argument("--no-weight-cache", dest="weight_cache", action="store_false", default=_ENG["weight_cache"],
                    help="convert a quantized GGUF's weights at every load instead of reading the converted copy "
                         "an earlier load saved under ~/.cache/specdecode/weights")

@@ -107,7 +107,10 @@ class EngineConfig:
     # KV-cache element type: auto = bfloat16 for a quantized model on CPU (half the memory of float32,
     # like llama.cpp's f16 cache; its linears already compute in bfloat16 there), else the model dtype.
     kv_cache_dtype: str = "auto"
-    threads: int | None = None  # torch CPU threads; None = torch's default
+    # CPU threads of the kernels and torch; None = torch's current count capped at runtime/cpus.py's useful
+    # one: a thread per physical core this process may run on, performance cores only on a hybrid CPU,
+    # within its cgroup's CPU quota (no cap where OMP_NUM_THREADS or MKL_NUM_THREADS is set)
+    threads: int | None = None
     # --no-weight-cache: convert a quantized GGUF's weights at every load instead of reading the converted
     # copy an earlier load saved under ~/.cache/specdecode/weights (loader/weight_cache.py)
     weight_cache: bool = True

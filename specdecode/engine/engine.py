@@ -17,6 +17,7 @@ from ..layers.quant import format_names
 from ..kernels import native_kernels
 from ..loader import load_checkpoint, weight_quant
 from ..runtime import attention
+from ..runtime.cpus import threads_to_set
 from ..runtime.device import kv_dtype, resolve_device_dtype
 from ..runtime.kv_cache import KVCache
 from ..runtime.model_runner import ModelRunner
@@ -56,8 +57,9 @@ class Engine:
         ``draft``: a ready drafter for the proposer (a (model, tokenizer) for --spec-type draft, a
         head for eagle / draft-mtp), else the proposer loads its own."""
         self.cfg = cfg
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+        threads = threads_to_set(cfg.threads, torch.get_num_threads())
+        if threads:
+            torch.set_num_threads(threads)
         self.device, self.dtype = resolve_device_dtype(cfg.device, cfg.dtype)
         try:
             backend = attention.backend(attention.resolve(cfg.attention_backend, self.device))
