@@ -1221,6 +1221,9 @@ for i in 1 2 3; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c 
   --stream --huge-pages --rows 1,3,5 --passes 8; done
 for i in 1 2; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_three.c --flags=-mno-avx512f \
   --rows 4,5,6,8,9 --int4-only --threads 1; done
+# the engine's thread count under CPU quotas (root: it makes a cgroup of its own)
+python scripts/bench_cpu_quota.py --quotas 1.0,1.5 --threads default,1,2 --rounds 2
+python scripts/bench_cpu_quota.py --quotas 1.2,2.0 --threads default,1,2 --rounds 2
 # a burst's prompts in one forward: runner.forward(8 slots, the 8 prompts' tokens after the shared 29) against a forward
 # per prompt, six interleaved rounds, both waves of bench-serve's 16 chat prompts
 # the server's threads at c = 8: specdecode serve --spec-type none --max-num-seqs 8 --port 8123 (warmed by one level), then
