@@ -114,3 +114,34 @@ def test_bench_takes_the_sampling_filters(monkeypatch, tmp_path):
           "--min-p", "0.05"])
     (p,) = got
     assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.7, 0.9, 40, 0.05)
+
+
+def test_bench_json_records_the_host(monkeypatch, tmp_path):
+    """bench's JSON says what it ran on: the CPU, the threads its engines got, the kernels, the versions."""
+    import json
+
+    import torch
+
+    import specdecode.bench.run as run
+    from specdecode.cli import main
+
+    monkeypatch.setattr(run, "run_bench", lambda cfg, specs, prompts, params, on_prompt=None, **kw:
+                        on_prompt([]) or [])
+    prompts, out = tmp_path / "p.jsonl", tmp_path / "r.json"
+    prompts.write_text('{"prompt": "hi"}\n')
+    assert main(["bench", "--prompts", str(prompts), "--threads", "1", "--json-out", str(out)]) == 0
+    host = json.loads(out.read_text())["meta"]["host"]
+    assert host["threads"] == 1 and host["cpus_usable"] >= 1 and host["torch"] == torch.__version__
+    assert host["cpu"] and host["specdecode"].startswith("0.") and "platform" in host
+
+
+def test_cpu_name_from_cpuinfo(tmp_path):
+    from specdecode.bench.host import cpu_name
+
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+                 "model name\t: Intel(R) Xeon(R) Processor\n\nprocessor\t: 1\nmodel name\t: other\n")
+    assert cpu_name(f) == "Intel(R) Xeon(R) Processor (family 6 model 207)"
+    f.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n")
+    assert cpu_name(f) == "AMD EPYC 9R14"
+    assert cpu_name(tmp_path / "missing")  # some name, never an error

@@ -281,6 +281,7 @@ def test_bench_serve(server, tmp_path, monkeypatch):
             "--requests", "2", "--max-tokens", "6"]
     assert main(args + ["--json-out", str(out), "--plot", str(png)]) == 0
     data = json.loads(out.read_text())
+    assert data["meta"]["host"] is None  # a server at --url: its machine is not this process's to describe
     level = data["results"][MODEL]["2"]
     assert level["requests"] == 4 and level["output_tokens_per_s"] > 0 and level["tau"] >= 1.0
     assert len(data["records"]) == 2 + 4 and png.stat().st_size > 0

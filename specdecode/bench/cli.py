@@ -41,6 +41,7 @@ def _turns(text: str) -> int | None:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from ..sampling_params import SamplingParams
+    from .host import host_info, host_line
     from .report import format_table, plot, summarize, write_json
     from .run import parse_configs, run_bench
 
@@ -50,7 +51,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     specs = parse_configs(a.spec_types, spec_config(a))
     meta = {"argv": sys.argv, "model": a.model, "spec_types": a.spec_types, "temperature": a.temperature,
             "top_p": a.top_p, "top_k": a.top_k, "min_p": a.min_p,
-            "max_tokens": a.max_tokens, "prompts": a.prompts, "n_prompts": len(prompts), "turns": a.turns or "all"}
+            "max_tokens": a.max_tokens, "prompts": a.prompts, "n_prompts": len(prompts), "turns": a.turns or "all",
+            "host": host_info(a.threads)}
+    print(host_line(meta["host"]), file=sys.stderr)
 
     def save(records: list[dict]) -> None:  # after every prompt: an interrupted run keeps what it measured
         if a.json_out:

@@ -207,6 +207,10 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
     params = {"max_tokens": a.max_tokens, "temperature": a.temperature, "top_p": a.top_p, "top_k": a.top_k,
               "min_p": a.min_p, "seed": a.seed}
     progress = sys.stderr.isatty()
+    from .host import host_info, host_line
+    host = None if a.url else host_info(a.threads)  # a server at --url runs on a machine of its own
+    if host:
+        print(host_line(host), file=sys.stderr)
     if a.url:
         results, records = _bench_running(a, prompts, levels, params, progress)
     else:
@@ -216,7 +220,8 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
     print(format_table(results))
     if a.json_out:
         meta = {"argv": sys.argv, "url": a.url, "model": a.model, "spec_types": a.spec_types, "levels": levels,
-                "requests_per_level": a.requests, "n_prompts": len(prompts), "rounds": a.rounds, **params}
+                "requests_per_level": a.requests, "n_prompts": len(prompts), "rounds": a.rounds, **params,
+                "host": host}
         with open(a.json_out, "w") as f:
             json.dump({"meta": meta, "results": results, "records": records}, f, indent=1)
     if a.plot:

@@ -1,0 +1,76 @@
+"""What a benchmark ran on, written beside its figures: a tok/s means something only next to the CPU, the
+kernels' instruction set and the threads that produced it, and figures from two machines (or two
+thread counts) must not be compared as if they were one run."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from ..kernels import native_kernels
+from ..runtime.cpus import cpu_quota, threads_to_set
+
+
+def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The CPU's model name with its family and model numbers where /proc/cpuinfo gives them (a VM's
+    model name can be as bare as "Intel(R) Xeon(R) Processor"), else platform.processor()."""
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:
+                break  # the first processor's block is enough
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
+
+
+def revision() -> str:
+    """specdecode's version, and the commit of the checkout it runs from where it is one (with "+" when
+    the tree has changes)."""
+    try:
+        version = metadata.version("specdecode")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    root = Path(__file__).resolve().parents[2]  # the checkout, where the package runs from one
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+    top = git("rev-parse", "--show-toplevel")  # not some other repository that holds an installed copy
+    rev = git("describe", "--always", "--dirty=+") if top and Path(top).resolve() == root else None
+    return f"{version} ({rev})" if rev else version
+
+
+def host_info(threads: int | None) -> dict:
+    """The machine and settings of a run whose engines get ``threads`` (EngineConfig.threads: None
+    for the engine's default, resolved here as the engine resolves it)."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        usable = os.cpu_count() or 1
+    native = native_kernels()
+    return {"cpu": cpu_name(), "cpus_usable": usable, "cpu_quota": cpu_quota(Path("/")),
+            "threads": threads_to_set(threads, torch.get_num_threads()) or torch.get_num_threads(),
+            "kernels": native.isa if native else None, "torch": torch.__version__, "specdecode": revision(),
+            "python": platform.python_version(), "platform": platform.platform()}
+
+
+def host_line(info: dict) -> str:
+    """One line for the terminal."""
+    return (f"{info['cpu']}, {info['threads']} thread{'s' if info['threads'] != 1 else ''}, "
+            f"kernels {info['kernels'] or 'none (PyTorch)'}, torch {info['torch']}")
