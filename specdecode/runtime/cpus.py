@@ -1,20 +1,18 @@
 """How many threads the CPU kernels run on when the user names no number.
 
 Every native GEMM splits its tiles evenly between the threads and ends at a barrier, so a step runs at
-the pace of its slowest thread. PyTorch's own default (one thread per physical core the machine has)
-then goes wrong in three common places:
+the pace of its slowest thread. PyTorch's own default (one thread per physical core; OpenMP keeps it
+within the affinity mask) then goes wrong in two common places:
 - a hybrid Intel CPU (Alder Lake and later laptops): the efficiency cores take equal shares at a
   fraction of a performance core's speed, and every step waits for them (llama.cpp leaves them out
   for the same reason);
-- a CPU set (``taskset``, ``docker --cpuset-cpus``): threads beyond the allowed CPUs share them, and a
-  descheduled thread stalls the barrier;
-- a CPU quota (``docker --cpus``, Kubernetes limits): threads beyond the quota's CPUs are throttled
-  together in the middle of a step, while a fraction of a CPU left over still pays for one more thread
-  (docs/benchmarks.md, round 40).
-The useful count here is one thread per physical core the process may run on, performance cores only
-on a hybrid CPU, at most the quota rounded up; an engine given no thread count caps
-torch's at it. Linux only; elsewhere, or where the files are missing, it falls back to what it can read
-(at worst ``os.cpu_count()``).
+- a CPU quota (``docker --cpus``, Kubernetes limits), which it does not read: threads beyond the
+  quota's CPUs are throttled together in the middle of a step, while a fraction of a CPU left over
+  still pays for one more thread (docs/benchmarks.md, round 40).
+The useful count here is one thread per physical core the process may run on (its affinity mask),
+performance cores only on a hybrid CPU, at most the quota rounded up; an engine given no thread count
+caps torch's at it. Linux only; elsewhere, or where the files are missing, it falls back to what it can
+read (at worst ``os.cpu_count()``).
 """
 from __future__ import annotations
 
@@ -118,7 +116,7 @@ def useful_threads(root: str | Path = "/", allowed: set[int] | None = None) -> i
     threads = physical_cores(allowed, root)
     quota = cpu_quota(root)
     if quota is not None:
-        threads = min(threads, max(1, math.ceil(quota - 1e-9)))  # 2.0000001 CPUs: 2
+        threads = min(threads, max(1, math.ceil(quota - 1e-9)))  # a whole quota's float ratio may land a hair above
     return max(1, threads)
 
 
