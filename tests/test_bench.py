@@ -134,14 +134,3 @@ def test_bench_json_records_the_host(monkeypatch, tmp_path):
     assert host["threads"] == 1 and host["cpus_usable"] >= 1 and host["torch"] == torch.__version__
     assert host["cpu"] and host["specdecode"].startswith("0.") and "platform" in host
 
-
-def test_cpu_name_from_cpuinfo(tmp_path):
-    from specdecode.bench.host import cpu_name
-
-    f = tmp_path / "cpuinfo"
-    f.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
-                 "model name\t: Intel(R) Xeon(R) Processor\n\nprocessor\t: 1\nmodel name\t: other\n")
-    assert cpu_name(f) == "Intel(R) Xeon(R) Processor (family 6 model 207)"
-    f.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n")
-    assert cpu_name(f) == "AMD EPYC 9R14"
-    assert cpu_name(tmp_path / "missing")  # some name, never an error

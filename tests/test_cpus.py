@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdecode.runtime.cpus import cpu_quota, parse_cpulist, physical_cores, threads_to_set, useful_threads
+from specdecode.runtime.cpus import (cpu_name, cpu_quota, parse_cpulist, physical_cores, threads_to_set,
+                                     useful_threads)
 
 
 def write(root: Path, rel: str, text: str) -> None:
@@ -111,3 +112,21 @@ def test_engine_caps_torch_threads(monkeypatch):
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+def test_cpu_name_from_cpuinfo(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 207\n"
+                 "model name\t: Intel(R) Xeon(R) Processor\n\nprocessor\t: 1\nmodel name\t: other\n")
+    assert cpu_name(f) == "Intel(R) Xeon(R) Processor (family 6 model 207)"
+    f.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9R14\n")
+    assert cpu_name(f) == "AMD EPYC 9R14"
+    assert cpu_name(tmp_path / "missing")  # some name, never an error
+
+
+def test_serve_logs_what_it_runs():
+    from specdecode.config import EngineConfig, SpecConfig
+    from specdecode.server.cli import startup_line
+
+    line = startup_line(["m1", "m2"], EngineConfig(model="m", max_num_seqs=3, spec=SpecConfig(spec_type="ngram")))
+    assert line.startswith("serving m1, m2: --spec-type ngram, 3 slots, ")
+    assert f"{torch.get_num_threads()} threads, kernels " in line and cpu_name() in line

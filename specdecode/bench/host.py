@@ -12,28 +12,7 @@ from pathlib import Path
 import torch
 
 from ..kernels import native_kernels
-from ..runtime.cpus import cpu_quota, threads_to_set
-
-
-def cpu_name(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
-    """The CPU's model name with its family and model numbers where /proc/cpuinfo gives them (a VM's
-    model name can be as bare as "Intel(R) Xeon(R) Processor"), else platform.processor()."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            if fields:
-                break  # the first processor's block is enough
-            continue
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']} model {fields['model']})"
-    return name
+from ..runtime.cpus import cpu_name, cpu_quota, threads_to_set
 
 
 def revision() -> str:

@@ -90,6 +90,17 @@ def served_name(model: str) -> str:
     return p.stem if p.suffix == ".gguf" else p.name
 
 
+def startup_line(names: list[str], cfg) -> str:
+    """What the server runs, logged once it has loaded: the settings a user reads its figures by."""
+    import torch
+
+    from ..kernels import native_kernels
+    from ..runtime.cpus import cpu_name
+    native = native_kernels()
+    return (f"serving {', '.join(names)}: --spec-type {cfg.spec.spec_type}, {cfg.max_num_seqs} slots, "
+            f"{torch.get_num_threads()} threads, kernels {native.isa if native else 'none (PyTorch)'} on {cpu_name()}")
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from ..llm import LLM
     from .app import create_app
@@ -106,6 +117,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if rcfg.replicas is not None:
         return serve_with_replicas(a, cfg, rcfg, scfg, names)
     llm = LLM(engine_config=cfg)
+    logging.getLogger("specdecode.server").info(startup_line(names, cfg))
     app = create_app(llm.engine, names, api_key=a.api_key, config=scfg)
     make_server(app, a.shutdown_timeout, host=a.host, port=a.port, log_level=a.log_level).run()
     return 0
