@@ -1221,6 +1221,10 @@ for i in 1 2 3; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c 
   --stream --huge-pages --rows 1,3,5 --passes 8; done
 for i in 1 2; do python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_three.c --flags=-mno-avx512f \
   --rows 4,5,6,8,9 --int4-only --threads 1; done
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-512/build/bin --ours none,auto --theirs plain,ngram-mod \
+  --rounds 2 --json-out out/r40_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 1 --json-out out/r40_vs_llamacpp_avx2.json
 # the engine's thread count under CPU quotas (root: it makes a cgroup of its own)
 python scripts/bench_cpu_quota.py --quotas 1.0,1.5 --threads default,1,2 --rounds 2
 python scripts/bench_cpu_quota.py --quotas 1.2,2.0 --threads default,1,2 --rounds 2
