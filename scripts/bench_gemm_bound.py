@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.manual_seed(0)
+    torch.set_num_threads(a.threads)  # the kernels take torch's thread count
     lib = native_kernels()  # SPECDECODE_NATIVE_FLAGS=-mno-avx512f: the AVX2 body
     layers = [{name: int4_matrix(n, k) for name, (n, k) in SHAPES.items()} for _ in range(LAYERS)]
     layers = [{name: (n, k, in_huge_pages(p), tuple(in_huge_pages(t) for t in s))
@@ -55,7 +56,6 @@ def main() -> int:
                     times[(r, mode, name)].append(t)
     for r in rows:
         print(f"{r} row{'s' if r > 1 else ''}:")
-        total = {}
         for name in [*SHAPES, "all"]:
             med = {}
             for mode in ("streamed", "cached"):
@@ -65,7 +65,6 @@ def main() -> int:
                     per_round = times[(r, mode, name)][1:]
                 med[mode] = statistics.median(per_round)
             b = LAYERS * (sum(nbytes.values()) if name == "all" else nbytes[name])
-            total[name] = med
             print(f"  {name:8s} streamed {med['streamed'] * 1e3:7.2f} ms ({b / med['streamed'] / 1e9:5.1f} GB/s)  "
                   f"cached {med['cached'] * 1e3:7.2f} ms ({b / med['cached'] / 1e9:5.1f} GB/s)  "
                   f"streamed / cached {med['streamed'] / med['cached']:.2f}")

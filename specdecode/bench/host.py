@@ -3,7 +3,6 @@ kernels' instruction set and the threads that produced it, and figures from two 
 thread counts) must not be compared as if they were one run."""
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from importlib import metadata
@@ -12,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..kernels import native_kernels
-from ..runtime.cpus import cpu_name, cpu_quota, threads_to_set
+from ..runtime.cpus import allowed_cpus, cpu_name, cpu_quota, threads_to_set
 
 
 def revision() -> str:
@@ -38,12 +37,8 @@ def revision() -> str:
 def host_info(threads: int | None) -> dict:
     """The machine and settings of a run whose engines get ``threads`` (EngineConfig.threads: None
     for the engine's default, resolved here as the engine resolves it)."""
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count() or 1
     native = native_kernels()
-    return {"cpu": cpu_name(), "cpus_usable": usable, "cpu_quota": cpu_quota(Path("/")),
+    return {"cpu": cpu_name(), "cpus_usable": len(allowed_cpus()), "cpu_quota": cpu_quota(Path("/")),
             "threads": threads_to_set(threads, torch.get_num_threads()) or torch.get_num_threads(),
             "kernels": native.isa if native else None, "torch": torch.__version__, "specdecode": revision(),
             "python": platform.python_version(), "platform": platform.platform()}

@@ -100,17 +100,21 @@ def cpu_quota(root: Path) -> float | None:
     return min(limits) if limits else None
 
 
+def allowed_cpus() -> set[int]:
+    """The CPUs this process may run on: its affinity mask, or every CPU where there is none to read."""
+    try:
+        allowed = os.sched_getaffinity(0)
+    except (AttributeError, OSError):  # not Linux
+        allowed = set()
+    return set(allowed) or set(range(os.cpu_count() or 1))
+
+
 def useful_threads(root: str | Path = "/", allowed: set[int] | None = None) -> int:
     """One thread per physical core this process may run on (performance cores only on a hybrid CPU),
     at most its cgroup's CPU quota rounded up, at least 1. ``root``: where sysfs and procfs are found;
     ``allowed``: the CPUs it may run on (None: its affinity mask). Tests give a fake tree and mask."""
     root = Path(root)
-    if allowed is None:
-        try:
-            allowed = os.sched_getaffinity(0)
-        except (AttributeError, OSError):  # not Linux
-            allowed = set()
-    allowed = set(allowed) or set(range(os.cpu_count() or 1))
+    allowed = set(allowed) if allowed else allowed_cpus()
     perf = performance_cpus(root)
     if perf and allowed & perf:
         allowed &= perf
