@@ -175,6 +175,35 @@ def test_every_row_gets_the_bits_of_a_one_row_pass(kernel, k):
         assert torch.equal(kernel.int4_gemm(x[:rows], packed, sub, sup, n, 32), one[:rows]), rows
 
 
+@pytest.mark.parametrize("k,rows", [(1536, 1), (1536, 9), (1536, 40), (8192, 50)])
+def test_threads_sharing_tiles_give_every_output_its_bits(kernel, k, rows):
+    # The GEMMs' threads take their tiles from shared ranges and steal from each other's (share.h):
+    # more threads than CPUs make them steal. Every output must be written once, with the bits one
+    # thread gives it. A result computed for other inputs just before leaves its values in the
+    # memory the next result reuses, so a tile nobody wrote would show. k = 8192 with 50 rows: row
+    # blocks, each with its own ranges; 37 tiles of 1536 inputs: chunks of 5 and a remainder.
+    torch.manual_seed(6)
+    n = 16 * 37
+    codes, d, sc, dm, m = quantize_int4_super(torch.randn(n, k) * 0.05, 32)
+    packed, (sub, sup) = pack_int4(codes, 32), scales(n, d, sc, dm, m)
+    q8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    packed8, wscale = pack_int8(q8), torch.rand(n) * 0.01 + 1e-3
+    x, other = torch.randn(rows, k), torch.randn(rows, k)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        want4, want8 = kernel.int4_gemm(x, packed, sub, sup, n, 32), kernel.int8_gemm(x, packed8, wscale, n)
+        for threads in (2, 3, 5, 8):
+            torch.set_num_threads(threads)
+            for _ in range(3):
+                kernel.int4_gemm(other, packed, sub, sup, n, 32)
+                assert torch.equal(kernel.int4_gemm(x, packed, sub, sup, n, 32), want4), threads
+                kernel.int8_gemm(other, packed8, wscale, n)
+                assert torch.equal(kernel.int8_gemm(x, packed8, wscale, n), want8), threads
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_amx_body_gives_the_bits_of_the_vnni_body():
     amx, vnni = native_kernels(), _build(("-DSPECDECODE_NO_AMX",))
     if not amx.isa.endswith("+amx"):

@@ -3,7 +3,8 @@
 One library from seven sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
 the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
-from the other three (``simd.h``: the vector helpers they share; ``layer.py``: its operands);
+from the other three (``simd.h``: the vector helpers they share; ``share.h``: how the GEMMs' threads
+share their tiles; ``layer.py``: its operands);
 ``argmax.c``, row-wise argmax for greedy tokens; ``sample.c``, inverse-CDF sampling of probability
 rows; ``threads.c``, releasing a thread's OpenMP pool. It is
 built with ``-march=native`` into a per-user cache keyed by the sources, the compiler and the CPU, and
@@ -36,7 +37,7 @@ TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "argmax.c",
                                                       "sample.c", "threads.c"))
-_HEADERS = (Path(__file__).with_name("simd.h"),)
+_HEADERS = (Path(__file__).with_name("simd.h"), Path(__file__).with_name("share.h"))
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
 

@@ -47,6 +47,7 @@
 #include <stddef.h>
 
 #define TILE 16
+#include "share.h"
 
 /* Groups per super-block: the largest divisor of G up to 8 (8 when K % (8 gs) == 0, as in Q4_K);
  * layers/quant/formats.py:super_groups is the same function. */
@@ -635,18 +636,31 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
 #else
     const int RB = row_block(K);
 #endif
-    /* Static schedule: each thread streams one contiguous range of tiles (prefetch-friendly). */
+    /* Each thread streams its contiguous range of tiles (prefetch-friendly) and then helps the others
+     * (share.h); every row block has its own ranges. */
+    const int nb = (R + RB - 1) / RB, chunk = share_chunk((size_t)K * TILE / 2);
+    tile_range *ranges = tile_ranges((size_t)nb * threads);
 #pragma omp parallel num_threads(threads)
     {
-        quantize_rows(x, R, K, gs, xq, sx, xsum, NULL);
+        const int team = omp_get_num_threads();
+        if (ranges) {
+#pragma omp single nowait
+            for (int b = 0; b < nb; b++) ranges_init(ranges + (size_t)b * team, team, T);
+        }
+        quantize_rows(x, R, K, gs, xq, sx, xsum, NULL); /* ends at a barrier: the ranges are set */
         uint8_t *buf = NULL;
 #ifdef SPECDECODE_AMX
         if (amx && (buf = amx_buffer((size_t)K * TILE)) != NULL) amx_begin(amx_height(R));
 #endif
-        for (int r0 = 0; r0 < R; r0 += RB) { /* no barrier between blocks: their outputs are disjoint */
+        for (int b = 0, r0 = 0; r0 < R; b++, r0 += RB) { /* no barrier between blocks: their outputs are disjoint */
             const int r1 = R - r0 < RB ? R : r0 + RB;
+            if (ranges) {
+                for (int t0, n; (n = tiles_next(ranges + (size_t)b * team, chunk, &t0)) > 0;)
+                    for (int t = t0; t < t0 + n; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, r0, r1, y, N, buf);
+            } else {
 #pragma omp for schedule(static) nowait
-            for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, r0, r1, y, N, buf);
+                for (int t = 0; t < T; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, r0, r1, y, N, buf);
+            }
         }
 #ifdef SPECDECODE_AMX
         if (buf) _tile_release();
@@ -658,9 +672,15 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
  * caller-owned. Preconditions (checked by the caller): N % 16 == 0, K % 32 == 0, R >= 1. */
 void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w, const float *ws, float *y,
                           int8_t *xq, float *sx, float *xsum, float *xqsum, float *corr, int threads) {
-    const int G = K / 32, T = N / TILE;
+    const int G = K / 32, T = N / TILE, chunk = share_chunk((size_t)K * TILE);
+    tile_range *ranges = tile_ranges((size_t)threads);
 #pragma omp parallel num_threads(threads)
     {
+        const int team = omp_get_num_threads();
+        if (ranges) {
+#pragma omp single nowait
+            ranges_init(ranges, team, T);
+        }
         quantize_rows(x, R, K, 32, xq, sx, xsum, xqsum);
 #pragma omp for schedule(static)
         for (int r = 0; r < R; r++) { /* 128 sum_g sx xqsum: the +128 bias of the unsigned weights */
@@ -668,7 +688,12 @@ void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w,
             for (int g = 0; g < G; g++) c += sx[(size_t)g * R + r] * xqsum[(size_t)g * R + r];
             corr[r] = INT8_UNSIGNED_BIAS ? 128.f * c : 0.f;
         }
-#pragma omp for schedule(static)
-        for (int t = 0; t < T; t++) tile_i8(w, ws, K, t, xq, sx, corr, R, y, N);
+        if (ranges) {
+            for (int t0, n; (n = tiles_next(ranges, chunk, &t0)) > 0;)
+                for (int t = t0; t < t0 + n; t++) tile_i8(w, ws, K, t, xq, sx, corr, R, y, N);
+        } else {
+#pragma omp for schedule(static) nowait
+            for (int t = 0; t < T; t++) tile_i8(w, ws, K, t, xq, sx, corr, R, y, N);
+        }
     }
 }
