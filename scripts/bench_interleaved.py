@@ -21,6 +21,8 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
                   store's serve it, as before the engine shared them)
   no-draft-share  the target shares a running request's prefix, a draft model or MTP heads do not: they
                   prefill the shared prefix again (as before they shared their state)
+  native-rev      its steps run on the native kernels built from --native-rev's sources (a kernel A/B
+                  on whole steps: both configurations share the weights, only the library differs)
 
 Each repetition's line gives every configuration's mean proposal time over the steps that drafted
 (``propose``) and the steps its speculation gate made plain (``gated``).
@@ -28,6 +30,8 @@ Each repetition's line gives every configuration's mean proposal time over the s
     python scripts/bench_interleaved.py --spec-types none,auto --categories roleplay,rag --reps 3
     python scripts/bench_interleaved.py --spec-types none,auto,auto:optimistic --categories qa --reps 2
     python scripts/bench_interleaved.py --spec-types none,auto --batch 8 --requests 16 --reps 3
+    python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev HEAD~1 --batch 8 \
+        --requests 16 --max-tokens 96 --reps 3
     python scripts/bench_interleaved.py --spec-types draft,draft:no-draft-share --model-draft \
         qwen2.5-coder-0.5b-instruct --batch 8 --requests 16 --reps 3
 """
@@ -43,7 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share", "no-draft-share")
+VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share", "no-draft-share", "native-rev")
 
 
 def variant(llm, name: str) -> None:
@@ -110,6 +114,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1, help="slots: prompts decoded at once (module doc)")
     ap.add_argument("--requests", type=int, help="with --batch: prompts per repetition (default: --batch)")
+    ap.add_argument("--native-rev", help="the revision whose kernels the native-rev variant runs on")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     from specdecode import LLM, SamplingParams
@@ -120,6 +125,9 @@ def main() -> int:
         if c.partition(":")[2] not in ("", *VARIANTS):
             sys.exit(f"bench_interleaved: unknown variant in {c!r} (known: {', '.join(VARIANTS)})")
     first, others = configs[0], configs[1:]
+    swapped = {c for c in configs if c.partition(":")[2] == "native-rev"}
+    if swapped and not a.native_rev:
+        sys.exit("bench_interleaved: the native-rev variant needs --native-rev")
     seqs_cap = max(1, a.batch)
     requests = max(seqs_cap, a.requests or seqs_cap)
     kw = dict(threads=a.threads, max_num_seqs=seqs_cap, model_draft=a.model_draft)
@@ -128,6 +136,23 @@ def main() -> int:
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     base.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
+    libs = None
+    if swapped:
+        from ab_native import build_at  # scripts/ is sys.path[0]
+
+        from specdecode.kernels import native_kernels
+        nk = native_kernels()
+        libs = (nk.lib, build_at(a.native_rev).lib)
+
+    def step(c: str, e) -> None:
+        """One engine step, on --native-rev's library where c asks for it."""
+        if c not in swapped:
+            return e.step()
+        object.__setattr__(nk, "lib", libs[1])  # the frozen handle every native call goes through
+        try:
+            e.step()
+        finally:
+            object.__setattr__(nk, "lib", libs[0])
     cats = a.categories.split(",") if a.categories else None
     ratios: dict[str, list[float]] = {c: [] for c in others}
     for cat, prompts in units(load_prompts(a.prompts, cats, limit=-(-requests // len(cats)) if cats else None),
@@ -153,7 +178,7 @@ def main() -> int:
                         continue
                     decoding = seqs_cap > 1 or len(seqs[k][0].output_ids) >= 1
                     t0 = time.perf_counter()
-                    e.step()
+                    step(k, e)
                     if decoding:
                         spent[k] += time.perf_counter() - t0
             parts = []
