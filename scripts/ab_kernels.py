@@ -33,7 +33,9 @@ from specdecode.layers.quant.formats import super_groups  # noqa: E402
 
 def build(source: str, flags: list[str], out: Path) -> NativeKernels:
     """quant_gemm.c alone, with the package's flags: only the GEMM entry points are bound."""
-    subprocess.run(["gcc", *_FLAGS, *flags, source, "-o", str(out), "-lm"], check=True, capture_output=True)
+    include = Path(__file__).resolve().parents[1] / "specdecode" / "kernels"  # its headers, for a variant kept elsewhere
+    subprocess.run(["gcc", *_FLAGS, *flags, f"-I{include}", source, "-o", str(out), "-lm"], check=True,
+                   capture_output=True)
     lib = ctypes.CDLL(str(out))
     p, i = ctypes.c_void_p, ctypes.c_int
     lib.specdecode_int4_gemm.argtypes = [p, i, i, i, i, p, p, p, p, p, p, p, i]

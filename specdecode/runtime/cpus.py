@@ -1,11 +1,13 @@
 """How many threads the CPU kernels run on when the user names no number.
 
-Every native GEMM splits its tiles evenly between the threads and ends at a barrier, so a step runs at
-the pace of its slowest thread. PyTorch's own default (one thread per physical core; OpenMP keeps it
-within the affinity mask) then goes wrong in two common places:
-- a hybrid Intel CPU (Alder Lake and later laptops): the efficiency cores take equal shares at a
-  fraction of a performance core's speed, and every step waits for them (llama.cpp leaves them out
-  for the same reason);
+Every native parallel loop ends at a barrier, so a step runs at the pace of its slowest thread. The
+GEMMs' threads help a slow one with its tiles (kernels/share.h), but a thread still finishes the chunk it
+took, and the activations' quantization and SwiGLU split their work evenly. PyTorch's own default
+(one thread per physical core; OpenMP keeps it within the affinity mask) then goes wrong in two common
+places:
+- a hybrid Intel CPU (Alder Lake and later laptops): the efficiency cores take equal shares of those
+  loops at a fraction of a performance core's speed, and a memory-bound decode step gains nothing from
+  them (llama.cpp leaves them out too);
 - a CPU quota (``docker --cpus``, Kubernetes limits), which it does not read: threads beyond the
   quota's CPUs are throttled together in the middle of a step, while a fraction of a CPU left over
   still pays for one more thread (docs/benchmarks.md, round 40).
