@@ -21,6 +21,8 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
                   store's serve it, as before the engine shared them)
   no-draft-share  the target shares a running request's prefix, a draft model or MTP heads do not: they
                   prefill the shared prefix again (as before they shared their state)
+  merged-drafts   a step whose forward carries prompt chunks drafts as any other (as before such steps
+                  drafted nothing: the gate cannot judge them)
   native-rev      its steps run on the native kernels built from --native-rev's sources (a kernel A/B
                   on whole steps: both configurations share the weights, only the library differs)
 
@@ -47,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share", "no-draft-share", "native-rev")
+VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share", "no-draft-share", "merged-drafts", "native-rev")
 
 
 def variant(llm, name: str) -> None:
@@ -58,6 +60,8 @@ def variant(llm, name: str) -> None:
     elif name == "optimistic":
         for m in getattr(eng.proposer, "members", ()):
             m.evidence_prior = lambda c: ()
+    elif name == "merged-drafts":
+        eng._draft_lengths = lambda seqs, merged=False: eng.planner.lengths(seqs, eng.max_model_len)
     elif name == "no-share":
         eng._share_prefix = lambda seq: False
     elif name == "no-draft-share":

@@ -479,6 +479,36 @@ def test_a_closed_gate_decodes_plainly_and_then_speculates_again():
     assert eng.planner.gated_steps == 10 and calls and min(calls) >= 10  # no proposal during the first ten steps
 
 
+def test_a_step_carrying_prompt_chunks_drafts_nothing():
+    """While a prompt joins decoding requests, its chunks ride in their step's forward: the gate
+    cannot judge such a step (its forward is no verify's cost), so it drafts nothing, is not counted
+    as gated, and drafting resumes once the prompt is in. Output stays plain greedy."""
+    from specdecode import SamplingParams
+    from tiny_models import tiny_llm
+
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    first, second = [5, 6, 7, 8] * 6, list(range(40, 140))  # the second prompt takes 4 chunks of 32
+    plain = [o.token_ids for o in tiny_llm(max_num_seqs=2).generate([first, second], params)]
+    llm = tiny_llm("ngram", max_num_seqs=2)
+    eng = llm.engine
+    a = eng.add_request(first, params)
+    for _ in range(6):
+        eng.step()
+    drafted_by_step, merged_steps = [], 0
+    b = eng.add_request(second, params)
+    while not (a.finished and b.finished):
+        joining = any(eng._prefilling(s) for s in eng.running) or any(s is b for s in eng.waiting)
+        before = sum(s.stats.draft_tokens for s in (a, b))
+        eng.step()
+        drafted_by_step.append((joining, sum(s.stats.draft_tokens for s in (a, b)) - before))
+        merged_steps += joining
+    assert merged_steps >= 3
+    assert all(d == 0 for joining, d in drafted_by_step if joining)
+    assert any(d > 0 for joining, d in drafted_by_step if not joining)
+    assert eng.planner.gated_steps == 0
+    assert [a.output_ids, b.output_ids] == plain
+
+
 def test_a_drafters_measured_prior_replaces_the_optimistic_one():
     """A drafter that ships its measured acceptance (a trained head's held-out report) gives its
     engine-wide record that prior instead of PRIOR_ALPHA: a new request starts there, and a record that

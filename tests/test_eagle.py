@@ -512,7 +512,7 @@ def test_prompt_is_fed_at_the_first_proposal_and_a_catch_up_is_no_level_cost(pla
     monkeypatch.setattr(prop, "propose", recording)
     monkeypatch.setattr(prop._step_cost, "observe", lambda batch, s: observed.append(s))
     # the first step drafts, the next eight decode plainly, then every step drafts again
-    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if 1 <= next(steps) <= 8 else drafting(seqs))
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs) if 1 <= next(steps) <= 8 else drafting(seqs, merged))
     out = eng.generate(PROMPTS[0], GREEDY)[0]
     assert out.token_ids == plain[True][0]
     assert seen[0] == (0, len(PROMPTS[0]) - 1, 0.0)  # the prompt's entries, owed: pending and not priced
@@ -535,7 +535,7 @@ def test_a_catch_up_before_any_feed_is_priced_by_a_calibration(plain, monkeypatc
         return propose(seqs, ks)
 
     monkeypatch.setattr(prop, "propose", recording)
-    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if next(steps) < 8 else drafting(seqs))
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs) if next(steps) < 8 else drafting(seqs, merged))
     assert eng.generate(PROMPTS[0], GREEDY)[0].token_ids == plain[True][0]
     missed, cost, entry = priced[0]
     assert missed == 8 and cost > 0 and cost == pytest.approx(8 * entry)
@@ -553,7 +553,7 @@ def test_a_head_that_never_drafts_never_feeds_the_prompt(plain, monkeypatch):
     fed = []
     feed = prop._feed_pending
     monkeypatch.setattr(prop, "_feed_pending", lambda seqs, states: fed.append(len(states[0].feats)) or feed(seqs, states))
-    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs))
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs))
     assert eng.generate(PROMPTS[0], GREEDY)[0].token_ids == plain[True][0]
     assert fed == []
     W = 4  # a prompt of 24 tokens in chunks of 8 against a window of 4: fed once 2 W are pending
@@ -585,7 +585,7 @@ def test_a_catch_up_is_fed_one_sequence_at_a_time_and_priced(monkeypatch):
 
     monkeypatch.setattr(prop, "_feed_pending", recording_feed)
     monkeypatch.setattr(prop, "propose", recording_propose)
-    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if 1 <= next(steps) <= 8 else drafting(seqs))
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs) if 1 <= next(steps) <= 8 else drafting(seqs, merged))
     outs = eng.generate(PROMPTS[:2], GREEDY)
     assert [o.token_ids for o in outs] == [o.token_ids for o in llm(m).generate(PROMPTS[:2], GREEDY)]
     catch_ups = [(b, t) for b, t in feeds if t > 3 + 1][2:]  # after the two prompts' own feeds
@@ -614,7 +614,7 @@ def test_a_head_not_chosen_for_long_keeps_a_bounded_pending_window(monkeypatch):
 
     monkeypatch.setattr(prop, "commit", recording_commit)
     # plain steps for the first 3 W tokens, then drafts again
-    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs) if next(steps) < 3 * W else drafting(seqs))
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs) if next(steps) < 3 * W else drafting(seqs, merged))
     params = SamplingParams(temperature=0, max_tokens=4 * W, ignore_eos=True)
     out = eng.generate(PROMPTS[0], params)[0]
     assert out.token_ids == llm(m).generate(PROMPTS[0], params)[0].token_ids
@@ -660,7 +660,7 @@ def test_a_kept_state_that_never_drafted_keeps_its_pending_features(plain, monke
     cold = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
     e = eng.engine
     drafting = e._draft_lengths
-    monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs))
+    monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs))
     eng.generate(prompt, GREEDY)
     monkeypatch.setattr(e, "_draft_lengths", drafting)
     counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
@@ -857,7 +857,7 @@ def test_a_prompt_prefilled_in_small_chunks_stays_greedy(plain, monkeypatch, max
     eng = llm(m, "eagle3", forced_head(m), knobs, prefill_chunk=4, max_prefill_tokens=max_prefill_tokens)
     e = eng.engine
     if not drafting:
-        monkeypatch.setattr(e, "_draft_lengths", lambda seqs: [0] * len(seqs))
+        monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs))
     forwards, forward = [], e.runner.forward
     monkeypatch.setattr(e.runner, "forward", lambda *a, **kw: forwards.append(len(a[0])) or forward(*a, **kw))
     seqs = [e.add_request(PROMPTS[i], GREEDY) for i in (2, 0)]  # [42] decodes at once, beside a prompt

@@ -129,7 +129,7 @@ def test_idle_draft_model_catches_up_on_the_last_tokens_only():
     llm = tiny_llm("draft", draft_seed=0, draft_noise=0.3, draft_max=3, draft_p_min=0.0)
     eng, prop = llm.engine, llm.engine.proposer
     seq = eng.add_request(prompt, params)
-    eng._draft_lengths = lambda seqs: [0] * len(seqs)  # the controller keeps the draft idle for 10 steps
+    eng._draft_lengths = lambda seqs, merged=False: [0] * len(seqs)  # the controller keeps the draft idle for 10 steps
     for _ in range(10):
         eng.step()
     del eng._draft_lengths

@@ -42,12 +42,15 @@ class DraftPlanner:
         self.gated: bool | None = None  # the gate's verdict on this step (None: it does not apply)
         self.calibrated = False
 
-    def lengths(self, seqs: list[Sequence], max_model_len: int) -> list[int]:
+    def lengths(self, seqs: list[Sequence], max_model_len: int, merged: bool = False) -> list[int]:
         """Each sequence's draft cap this step: one length for the batch (it shares one verify
         forward, priced as if every sequence drafted that much), capped by each sequence's room
         (max_tokens, context length) and the drafter's own cap (--draft-max for a model drafter, the
-        n-gram and suffix caps for draftless ones). Sets ``gated``: whether the speculation gate closed
-        this step (None: the gate does not apply, as without a drafter or with --draft-fixed)."""
+        n-gram and suffix caps for draftless ones). ``merged``: prompt chunks ride in this step's
+        forward; it then drafts nothing (but with --draft-fixed), because the gate cannot judge such a
+        step (``observe``) and "never slower" holds only where it can. Sets ``gated``: whether the
+        speculation gate closed this step (None: the gate does not apply, as without a drafter, with
+        --draft-fixed or in a merged step)."""
         spec, prop = self.spec, self.proposer
         rooms = [max(0, min(s.params.max_tokens - len(s.output_ids) - 1, max_model_len - s.num_tokens - 1,
                             prop.max_tokens)) for s in seqs]
@@ -68,9 +71,9 @@ class DraftPlanner:
         if spec.draft_fixed:
             prop.plan(seqs, rooms, value, fixed=True, verify=verify)
             return rooms
-        if not self.gate.open(batch):  # plain this step: nothing is planned (a chain's choices reset)
+        if merged or not self.gate.open(batch):  # plain this step: nothing is planned (a chain's choices reset)
             prop.plan(seqs, [0] * batch, value, verify=verify)
-            self.gated = True
+            self.gated = None if merged else True
             return [0] * batch
         prop.plan(seqs, rooms, value, verify=verify)
         alphas = [prop.estimate(s, prop.depth(r)) for s, r in zip(seqs, rooms)]

@@ -182,7 +182,7 @@ class Engine:
             try:
                 t0 = self.timer.now()
                 self.planner.gated = None
-                ks = self._draft_lengths(ready)
+                ks = self._draft_lengths(ready, bool(chunks))
                 t1 = self.timer.now()
                 results, timing = speculative_step(self.runner, self.proposer, ready, ks, self.timer.now,
                                                    [(s, s.prompt_ids[s.num_prefilled:end]) for s, end in chunks])
@@ -263,9 +263,10 @@ class Engine:
         if end == len(seq.prompt_ids) - 1:
             seq.t_prefill_done = self.timer.now()
 
-    def _draft_lengths(self, seqs: list[Sequence]) -> list[int]:
-        """Each sequence's draft cap this step (DraftPlanner.lengths); tests script it here."""
-        return self.planner.lengths(seqs, self.max_model_len)
+    def _draft_lengths(self, seqs: list[Sequence], merged: bool = False) -> list[int]:
+        """Each sequence's draft cap this step (DraftPlanner.lengths; ``merged``: prompt chunks ride in
+        its forward); tests script it here."""
+        return self.planner.lengths(seqs, self.max_model_len, merged)
 
     def _retire(self) -> None:
         for seq in [s for s in self.running if s.finished]:
