@@ -1233,3 +1233,62 @@ python scripts/bench_cpu_quota.py --quotas 1.2,2.0 --threads default,1,2 --round
 # the server's threads at c = 8: specdecode serve --spec-type none --max-num-seqs 8 --port 8123 (warmed by one level), then
 # py-spy record -p <its pid> -o /tmp/spy.txt -f raw -r 200 -d 40 --threads while this runs:
 python -m specdecode.cli bench-serve --url http://127.0.0.1:8123 --concurrency 8 --requests 16 --max-tokens 96 --prompts $P
+
+# ---- Round 41 (Emerald Rapids with AMX, 2026-12-07): a GEMM's threads share its tiles; the issues' points again ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# where a 64-token prefill loop's threads spend (a probe: Engine + runner.forward of one 64-token prompt, 60 times)
+#   perf record -o /tmp/perf.data -p <its pid> -- sleep 12 ; perf report -i /tmp/perf.data --no-children -s pid,sym --stdio
+# the kernels before tile sharing (a382bca) against after (1e922a9), whole forwards and whole steps, in turns
+python scripts/ab_native.py --rev a382bca --tokens 1,8,39,64 --rounds 31
+python scripts/ab_native.py --rev a382bca --tokens 1,8,39,64 --rounds 21
+python scripts/ab_native.py --rev HEAD --tokens 1,8,39,64 --rounds 21      # at 1e922a9: the noise floor
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev a382bca --batch 8 --requests 16 \
+  --max-tokens 96 --reps 3
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,none:native-rev \
+  --native-rev a382bca --batch 8 --requests 16 --max-tokens 96 --reps 3
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev a382bca --reps 2 --max-tokens 96
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,none:native-rev \
+  --native-rev a382bca --categories writing,qa,coding --reps 2 --max-tokens 96
+# beside a process taking 15 % of one core: python -c "busy 7.5 ms, sleep 42.5 ms, forever" &
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev a382bca --batch 8 --requests 16 \
+  --max-tokens 96 --reps 3
+# the issues' points
+python scripts/bench_levels.py --spec-type none --reps 2
+python scripts/bench_levels.py --spec-type none --reps 1 --steps
+for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 11; done
+python scripts/bench_runtime.py --quant auto --reps 3                   # once alone, first
+for i in 1 2; do python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r41_runtime_512_$i.json
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r41_runtime_avx2_$i.json; done
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r41_serve_1.json
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r41_serve_2.json
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r41_sb5.json
+python scripts/spec_bench_categories.py out/r41_sb5.json
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
+  --prompts $P --json-out out/r41_sb5_t07.json
+python scripts/spec_bench_categories.py out/r41_sb5_t07.json
+# auto at c = 8 in the server: the other order; the gate held closed from 2 sequences (timing only: a python -c wrapper
+# setting specdecode.speculative.gate.SpeculationGate.open = lambda self, batch: batch < 2 before cli.main; likewise
+# sys.setswitchinterval(0.0005)); the engine alone
+python -m specdecode.cli bench-serve -t 2 --spec-types auto,none --concurrency 8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 3 --prompts $P --json-out out/r41_serve_rev.json
+python scripts/bench_batch_drafters.py --spec-types none,auto --rounds 2 --prompts $P
+# after 739b480 (a step carrying prompt chunks drafts nothing)
+python -m specdecode.cli bench-serve -t 2 --spec-types auto,none --concurrency 8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 3 --prompts $P --json-out out/r41_serve_rev_nomerge.json
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 3 --prompts $P --json-out out/r41_serve_nomerge.json
+python scripts/bench_interleaved.py --spec-types none,auto,auto:merged-drafts --batch 8 --requests 16 --max-tokens 96 \
+  --reps 3 --prompts $P
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r41_serve_3.json
+# tried: the attention prefetch from 32 keys (attention.c's PF_MIN_KEYS as a -D flag, a batch of 8 one-token rows over
+# 200 keys, two libraries in turns in one process); the AVX2 body on this machine (/tmp/qg_avx2on512.c: quant_gemm.c
+# under #undef __AVX512F__)
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_avx2on512.c --stream --huge-pages --rows 1,2,3 \
+  --passes 8 --int4-only
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_avx2on512.c --stream --huge-pages --rows 1,2,3,5,9 \
+  --passes 10 --int4-only
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c specdecode/kernels/quant_gemm.c --stream --huge-pages \
+  --rows 1,2,3 --passes 10 --int4-only
