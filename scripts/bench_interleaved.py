@@ -21,8 +21,8 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
                   store's serve it, as before the engine shared them)
   no-draft-share  the target shares a running request's prefix, a draft model or MTP heads do not: they
                   prefill the shared prefix again (as before they shared their state)
-  merged-drafts   a step whose forward carries prompt chunks drafts as any other (as before such steps
-                  drafted nothing: the gate cannot judge them)
+  merged-drafts   a step whose forward carries prompt chunks drafts as any other, as the engine did
+                  before such steps drafted nothing (the gate cannot judge them)
   native-rev      its steps run on the native kernels built from --native-rev's sources (a kernel A/B
                   on whole steps: both configurations share the weights, only the library differs)
 
