@@ -1292,3 +1292,7 @@ python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/qg_avx2on512.c
   --passes 10 --int4-only
 python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c specdecode/kernels/quant_gemm.c --stream --huge-pages \
   --rows 1,2,3 --passes 10 --int4-only
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-512/build/bin --ours none,auto --theirs plain,ngram-mod \
+  --rounds 1 --json-out out/r41_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 1 --json-out out/r41_vs_llamacpp_avx2.json
