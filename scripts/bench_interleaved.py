@@ -140,7 +140,6 @@ def main() -> int:
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     base.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
-    libs = None
     if swapped:
         from ab_native import build_at  # scripts/ is sys.path[0]
 

@@ -43,6 +43,7 @@
  */
 #define _GNU_SOURCE /* syscall(), for AMX's permission request */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stddef.h>
 
@@ -642,7 +643,7 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
     tile_range *ranges = tile_ranges((size_t)nb * threads);
 #pragma omp parallel num_threads(threads)
     {
-        const int team = omp_get_num_threads();
+        const int me = omp_get_thread_num(), team = omp_get_num_threads();
         if (ranges) {
 #pragma omp single nowait
             for (int b = 0; b < nb; b++) ranges_init(ranges + (size_t)b * team, team, T);
@@ -655,7 +656,7 @@ void specdecode_int4_gemm(const float *x, int R, int K, int N, int gs, const uin
         for (int b = 0, r0 = 0; r0 < R; b++, r0 += RB) { /* no barrier between blocks: their outputs are disjoint */
             const int r1 = R - r0 < RB ? R : r0 + RB;
             if (ranges) {
-                for (int t0, n; (n = tiles_next(ranges + (size_t)b * team, chunk, &t0)) > 0;)
+                for (int t0, n; (n = tiles_next(ranges + (size_t)b * team, me, team, chunk, &t0)) > 0;)
                     for (int t = t0; t < t0 + n; t++) tile(w, sub, sup, K, gs, t, xq, sx, xsum, R, r0, r1, y, N, buf);
             } else {
 #pragma omp for schedule(static) nowait
@@ -676,7 +677,7 @@ void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w,
     tile_range *ranges = tile_ranges((size_t)threads);
 #pragma omp parallel num_threads(threads)
     {
-        const int team = omp_get_num_threads();
+        const int me = omp_get_thread_num(), team = omp_get_num_threads();
         if (ranges) {
 #pragma omp single nowait
             ranges_init(ranges, team, T);
@@ -689,7 +690,7 @@ void specdecode_int8_gemm(const float *x, int R, int K, int N, const uint8_t *w,
             corr[r] = INT8_UNSIGNED_BIAS ? 128.f * c : 0.f;
         }
         if (ranges) {
-            for (int t0, n; (n = tiles_next(ranges, chunk, &t0)) > 0;)
+            for (int t0, n; (n = tiles_next(ranges, me, team, chunk, &t0)) > 0;)
                 for (int t = t0; t < t0 + n; t++) tile_i8(w, ws, K, t, xq, sx, corr, R, y, N);
         } else {
 #pragma omp for schedule(static) nowait

@@ -19,7 +19,6 @@
  * are disjoint and the region's closing barrier publishes them. */
 #ifndef SPECDECODE_SHARE_H
 #define SPECDECODE_SHARE_H
-#include <omp.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -70,10 +69,9 @@ static inline int range_take(tile_range *r, int chunk, int steal, int *t0) {
     }
 }
 
-/* Inside the region: the calling thread's next tiles, its own range first, then the others' in turn.
- * Returns the count (0: no tile is left anywhere). */
-static inline int tiles_next(tile_range *r, int chunk, int *t0) {
-    const int me = omp_get_thread_num(), n = omp_get_num_threads();
+/* Inside the region: thread ``me``'s (of ``n``) next tiles, its own range first, then the others' in
+ * turn. Returns the count (0: no tile is left anywhere). */
+static inline int tiles_next(tile_range *r, int me, int n, int chunk, int *t0) {
     int got = range_take(&r[me], chunk, 0, t0);
     for (int k = 1; !got && k < n; k++) got = range_take(&r[(me + k) % n], chunk, 1, t0);
     return got;
