@@ -2,7 +2,8 @@
 each step's gate state (open, gated, or no gate), planning, proposal and verify times, the rows it
 verified and the drafts it verified and accepted, and its time outside the forward (the step's wall
 time less those three). Prints per repetition the totals, a line per gate state (medians per step) and
-the sequence of states (o open, g gated). A fresh engine of the configuration every repetition; `none`
+the sequence of states (o open, g gated, m merged: prompt chunks rode in it, - no gate) and of batch
+sizes. With --requests, later prompts join as slots free (a server's closed loop). A fresh engine of the configuration every repetition; `none`
 serves them all.
 
     python scripts/bench_gate_steps.py --spec-type auto --batch 8 --reps 3
@@ -10,6 +11,7 @@ serves them all.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -28,6 +30,8 @@ def main() -> int:
     ap.add_argument("--spec-type", default="auto")
     ap.add_argument("--prompts", default="../shared/datasets/spec_bench/question.jsonl")
     ap.add_argument("--batch", type=int, default=8, help="slots, and prompts (the categories' first, then second ones)")
+    ap.add_argument("--requests", type=int, help="prompts per repetition (default: --batch): later ones join as "
+                                                 "slots free, their prompts riding in the decoders' steps")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
@@ -41,7 +45,7 @@ def main() -> int:
     observe = draft_plan.DraftPlanner.observe
 
     def recording(self, batch, results, timing, plan_s, merged, context=0):
-        steps.append(dict(gated=self.gated, plan=plan_s, propose=timing.propose_s, verify=timing.verify_s,
+        steps.append(dict(batch=batch, gated=self.gated, plan=plan_s, propose=timing.propose_s, verify=timing.verify_s,
                           rows=timing.verify_rows, drafted=sum(r.drafted for r in results),
                           accepted=sum(r.accepted for r in results), merged=merged))
         return observe(self, batch, results, timing, plan_s, merged, context)
@@ -50,7 +54,8 @@ def main() -> int:
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     none = LLM(a.model, spec_type="none", threads=a.threads, max_num_seqs=a.batch)
     none.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
-    (_, prompts), *_ = units(load_prompts(a.prompts, None, limit=a.batch), None, a.batch)
+    n = max(a.batch, a.requests or a.batch)
+    (_, prompts), *_ = units(load_prompts(a.prompts, None, limit=-(-n // 6)), None, n)
     ids = [none.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     for rep in range(a.reps):
@@ -86,8 +91,10 @@ def main() -> int:
                       f"verify {med(lambda w, r: r['verify']):.2f} ms, "
                       f"outside the forward {out:.3f} ms, rows {sum(r['rows'] for _, r in rows)}, "
                       f"drafted {sum(r['drafted'] for _, r in rows)}, accepted {sum(r['accepted'] for _, r in rows)}")
-        print("  states: " + "".join("g" if r["gated"] else "o" for _, r in walls[a.spec_type]
-                                     if r is not None and r["gated"] is not None))
+        print("  states: " + "".join("m" if r["merged"] else "g" if r["gated"] else "o" if r["gated"] is False
+                                     else "-" for _, r in walls[a.spec_type] if r is not None))
+        print("  batch sizes: " + " ".join(f"{b}x{len(list(g))}" for b, g in itertools.groupby(
+            r["batch"] for _, r in walls[a.spec_type] if r is not None)))
     return 0
 
 

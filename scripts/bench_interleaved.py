@@ -108,8 +108,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     ap.add_argument("--model-draft", help="a draft model for every configuration (draft, or auto's chain)")
-    ap.add_argument("--spec-types", default="none,auto", help="configurations: base,other[,...], each TYPE or "
-                                                              "TYPE:VARIANT (" + ", ".join(VARIANTS) + ")")
+    ap.add_argument("--spec-types", default="none,auto", help="configurations: base,other[,...], each TYPE (a "
+                    "chain's members joined by '+': suffix+ngram-mod) or "
+                    "TYPE:VARIANT (" + ", ".join(VARIANTS) + ")")
     ap.add_argument("--categories", help="comma-separated Spec-Bench categories, the first prompt of each "
                                          "(default: every category)")
     ap.add_argument("--prompts", default="../shared/datasets/spec_bench/question.jsonl")
@@ -135,7 +136,7 @@ def main() -> int:
     seqs_cap = max(1, a.batch)
     requests = max(seqs_cap, a.requests or seqs_cap)
     kw = dict(threads=a.threads, max_num_seqs=seqs_cap, model_draft=a.model_draft)
-    base = LLM(a.model, spec_type=first.partition(":")[0], **kw)
+    base = LLM(a.model, spec_type=first.partition(":")[0].replace("+", ","), **kw)
     variant(base, first.partition(":")[2])
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     warm = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -165,7 +166,7 @@ def main() -> int:
             engines = {first: base.engine}
             for c in others:
                 spec, _, var = c.partition(":")
-                llm = LLM(a.model, spec_type=spec, _model=base.engine.model, _tokenizer=base.tokenizer, **kw)
+                llm = LLM(a.model, spec_type=spec.replace("+", ","), _model=base.engine.model, _tokenizer=base.tokenizer, **kw)
                 variant(llm, var)
                 llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)  # calibration, kernel build
                 engines[c] = llm.engine
