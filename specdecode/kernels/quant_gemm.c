@@ -69,12 +69,16 @@ static inline int super_groups(int G) {
 #ifndef PF_NEAR
 #define PF_NEAR 4096
 #endif
-/* The sub-scales are a second stream beside the codes (2 x 16 bytes per group against the codes' 256, an
- * eighth of their rate): requested as far ahead in time as the codes' far level, into L1 (they are few).
- * Left to the hardware prefetcher, a pass of one to three rows, bound by the stream, waits on their lines
- * (docs/benchmarks.md, round 42). */
+/* The sub-scales and the super-blocks' scales are two more streams beside the codes (2 x 16 bytes per
+ * group, and 64 bytes per super-block of 8 groups, against the codes' 256 per group: an eighth and a
+ * thirty-second of their rate), requested at least as far ahead in time as the codes' far level, into L1
+ * (they are few). Left to the hardware prefetcher, a pass of one to three rows, bound by the streams,
+ * waits on their lines (docs/benchmarks.md, round 42). */
 #ifndef PF_SUB
 #define PF_SUB (PF_FAR / 8)
+#endif
+#ifndef PF_SUP
+#define PF_SUP (PF_FAR / 16)
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
@@ -138,6 +142,7 @@ static inline __attribute__((always_inline)) void tile_rows(
         if (left == 0) { /* a new super-block: its d and dm for the 16 lanes (no division per group) */
             dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)sp));
             dmv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sp + TILE)));
+            _mm_prefetch((const char *)sp + PF_SUP, _MM_HINT_T0);
             sp += 2 * TILE;
             left = S;
         }
@@ -308,6 +313,7 @@ static inline __attribute__((always_inline)) void tile_rows(
             const size_t tg = (size_t)t * G + g;
             if (left == 0) { /* this super-block's d, dm (no division per group) */
                 sp = next;
+                if (h0 == 0) _mm_prefetch((const char *)sp + PF_SUP, _MM_HINT_T0);
                 next += 2 * TILE;
                 left = S;
             }
