@@ -1296,3 +1296,65 @@ python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-512/build/bin --o
   --rounds 1 --json-out out/r41_vs_llamacpp.json
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
   --ours none,auto --theirs plain,ngram-mod --rounds 1 --json-out out/r41_vs_llamacpp_avx2.json
+
+# ---- Round 42 (Emerald Rapids with AMX, 2026-12-07): the int4 passes prefetch their scale streams; the issues' points ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# where `auto` spends in a full batch beside `none`: in turns, with the gate held closed, without the head; per step
+python scripts/bench_interleaved.py --spec-types none,auto,auto:gate-closed --batch 8 --requests 16 --max-tokens 96 --reps 3
+python scripts/bench_interleaved.py --spec-types none,auto,suffix+ngram-mod --batch 8 --requests 16 --max-tokens 96 --reps 3
+python scripts/bench_gate_steps.py --spec-type auto --batch 8 --reps 2
+python scripts/bench_gate_steps.py --spec-type auto --batch 8 --requests 24 --max-tokens 96 --reps 2
+# (a cProfile of 63 steps of 8 sequences, `none` against `auto` with the gate held closed, and a timer around each chain
+# member's commit / plan / observe: probes, not kept)
+# the plain step's parts; the sub-scale prefetch (edbf2c4) and the super-scale prefetch (d2de7cb) against the
+# file before each, streamed; the same file twice (the noise floor)
+python scripts/bench_step_parts.py --reps 3
+git show fa3785a:specdecode/kernels/quant_gemm.c > /tmp/qg_before.c
+git show edbf2c4:specdecode/kernels/quant_gemm.c > /tmp/qg_sub.c
+git show d2de7cb:specdecode/kernels/quant_gemm.c > /tmp/qg_sup.c
+python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_sub.c --stream --huge-pages --rows 1,5 --passes 10 --int4-only
+for i in 1 2; do
+  python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_before.c --stream --huge-pages --rows 1 --passes 10 --int4-only
+  python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_sub.c --stream --huge-pages --rows 1 --passes 10 --int4-only; done
+python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_sub.c --flags=-mno-avx512f --stream --huge-pages --rows 1,5 \
+  --passes 10 --int4-only    # twice
+python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_sub.c --stream --huge-pages --rows 1,2,3,5,9 --passes 8 --int4-only
+# the sub-scale prefetch's distance and hint: /tmp/qg_sub.c against itself with the line's PF_SUB as PF_FAR / 4 (T0),
+# PF_FAR / 8 (T2) and PF_NEAR / 8 + 1024 (T0), each --rows 1 --passes 10 as above
+python scripts/ab_kernels.py /tmp/qg_sub.c /tmp/qg_sup.c --stream --huge-pages --rows 1,3 --passes 10 \
+  --int4-only
+python scripts/ab_kernels.py /tmp/qg_sub.c /tmp/qg_sup.c --flags=-mno-avx512f --stream --huge-pages \
+  --rows 1,3 --passes 10 --int4-only
+# whole decode steps on the kernels before (one request at a time, decode only)
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev fa3785a --categories coding,writing,qa \
+  --reps 3
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,none:native-rev \
+  --native-rev fa3785a --categories coding,writing,qa --reps 2
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev bd3746c --categories coding,writing,qa \
+  --reps 3
+# the issues' points
+for i in 1 2 3; do python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r42_runtime_512_$i.json
+  SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_runtime.py --quant auto --reps 3 --json-out out/r42_runtime_avx2_$i.json; done
+for i in 1 2; do python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r42_serve_$i.json; done
+# c = 8 alone, each configuration's server in a process of its own, the client from another (both ways):
+#   specdecode serve -t 2 --spec-type none|auto --max-num-seqs 8 --port 8124 &
+python -m specdecode.cli bench-serve --url http://127.0.0.1:8124 --concurrency 8 --requests 16 --max-tokens 96 --prompts $P
+for c in auto none auto,none; do python -m specdecode.cli bench-serve -t 2 --spec-types $c --concurrency 8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 1 --prompts $P; done
+for c in none,auto auto,none; do python -m specdecode.cli bench-serve -t 2 --spec-types $c --concurrency 8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 4 --prompts $P --json-out out/r42_serve_c8_$c.json; done
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-512/build/bin --ours none,auto --theirs plain,ngram-mod \
+  --rounds 1 --json-out out/r42_vs_llamacpp.json
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-avx2/build/bin \
+  --ours none,auto --theirs plain,ngram-mod --rounds 1 --json-out out/r42_vs_llamacpp_avx2.json
+# tried: the first 16 KiB of each thread's range (and its sub-scales) requested into L2 before the activations'
+# quantization, at every GEMM's start (/tmp/qg_warm.c: /tmp/qg_sup.c with a warm() before each quantize_rows)
+python scripts/ab_kernels.py /tmp/qg_sup.c /tmp/qg_warm.c --stream --huge-pages --rows 1,8 --passes 10
+python scripts/bench_levels.py --spec-type none --reps 2
+for i in 1 2 3; do python scripts/bench_verify_curve.py --rounds 11; done
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r42_sb5.json
+python scripts/spec_bench_categories.py out/r42_sb5.json
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
+  --prompts $P --json-out out/r42_sb5_t07.json
+python scripts/spec_bench_categories.py out/r42_sb5_t07.json
