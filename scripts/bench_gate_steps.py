@@ -3,8 +3,8 @@ each step's gate state (open, gated, or no gate), planning, proposal and verify 
 verified and the drafts it verified and accepted, and its time outside the forward (the step's wall
 time less those three). Prints per repetition the totals, a line per gate state (medians per step) and
 the sequence of states (o open, g gated, m merged: prompt chunks rode in it, - no gate) and of batch
-sizes. With --requests, later prompts join as slots free (a server's closed loop). A fresh engine of the configuration every repetition; `none`
-serves them all.
+sizes. With --requests, later prompts join as slots free (a server's closed loop). A fresh engine of the
+configuration every repetition; `none` serves them all.
 
     python scripts/bench_gate_steps.py --spec-type auto --batch 8 --reps 3
 """
@@ -45,8 +45,8 @@ def main() -> int:
     observe = draft_plan.DraftPlanner.observe
 
     def recording(self, batch, results, timing, plan_s, merged, context=0):
-        steps.append(dict(batch=batch, gated=self.gated, plan=plan_s, propose=timing.propose_s, verify=timing.verify_s,
-                          rows=timing.verify_rows, drafted=sum(r.drafted for r in results),
+        steps.append(dict(batch=batch, gated=self.gated, plan=plan_s, propose=timing.propose_s,
+                          verify=timing.verify_s, rows=timing.verify_rows, drafted=sum(r.drafted for r in results),
                           accepted=sum(r.accepted for r in results), merged=merged))
         return observe(self, batch, results, timing, plan_s, merged, context)
 
@@ -55,7 +55,7 @@ def main() -> int:
     none = LLM(a.model, spec_type="none", threads=a.threads, max_num_seqs=a.batch)
     none.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)
     n = max(a.batch, a.requests or a.batch)
-    (_, prompts), *_ = units(load_prompts(a.prompts, None, limit=-(-n // 6)), None, n)
+    (_, prompts), *_ = units(load_prompts(a.prompts, None, limit=n), None, n)
     ids = [none.encode_chat([{"role": "user", "content": p.text}]) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens, ignore_eos=True)
     for rep in range(a.reps):

@@ -166,7 +166,8 @@ def main() -> int:
             engines = {first: base.engine}
             for c in others:
                 spec, _, var = c.partition(":")
-                llm = LLM(a.model, spec_type=spec.replace("+", ","), _model=base.engine.model, _tokenizer=base.tokenizer, **kw)
+                llm = LLM(a.model, spec_type=spec.replace("+", ","), _model=base.engine.model,
+                          _tokenizer=base.tokenizer, **kw)
                 variant(llm, var)
                 llm.generate([1, 2, 3, 4, 5, 6, 7, 8], warm)  # calibration, kernel build
                 engines[c] = llm.engine
