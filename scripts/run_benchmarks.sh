@@ -1361,3 +1361,5 @@ python scripts/spec_bench_categories.py out/r42_sb5_t07.json
 python scripts/bench_itl.py -t 2 --pairs 8 --category writing --category qa --max-tokens 96 --prompts $P
 # tried: AMX passes from 5 rows (/tmp/qg_amx8.c: /tmp/qg_sup.c with AMX_MIN_ROWS 5 and amx_rows' cases 5-11)
 python scripts/ab_kernels.py /tmp/qg_sup.c /tmp/qg_amx8.c --stream --huge-pages --rows 5,8,9 --passes 8 --int4-only
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,none:native-rev \
+  --native-rev bd3746c --categories coding,writing,qa --reps 2
