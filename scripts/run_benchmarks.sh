@@ -1363,3 +1363,4 @@ python scripts/bench_itl.py -t 2 --pairs 8 --category writing --category qa --ma
 python scripts/ab_kernels.py /tmp/qg_sup.c /tmp/qg_amx8.c --stream --huge-pages --rows 5,8,9 --passes 8 --int4-only
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,none:native-rev \
   --native-rev bd3746c --categories coding,writing,qa --reps 2
+python scripts/bench_verify_curve.py --rounds 7 --split --gemms
