@@ -1364,3 +1364,5 @@ python scripts/ab_kernels.py /tmp/qg_sup.c /tmp/qg_amx8.c --stream --huge-pages 
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-types none,none:native-rev \
   --native-rev bd3746c --categories coding,writing,qa --reps 2
 python scripts/bench_verify_curve.py --rounds 7 --split --gemms
+# perf of runner.forward over 1 / 5 new tokens after 256 cached, in a loop (row_exact, packed logits, as a verify):
+#   perf record -F 2000 -p <its pid> -- sleep 8 ; perf report --no-children -s sym --stdio
