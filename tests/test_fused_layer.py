@@ -194,6 +194,27 @@ def test_silu_mul_matches_pytorch():
     torch.testing.assert_close(got, want, rtol=3e-6, atol=1e-30)
 
 
+def test_silu_mul_avx2_body_gives_the_same_bits():
+    """The AVX512 body takes SwiGLU 16 lanes at a time (exp16) and the AVX2 body 8 (exp8): every element
+    gets the same bits, over spans with 16-lane blocks and 8-lane tails, exp's underflow, signed zeros,
+    infinities and NaN."""
+    from specdecode.kernels import load_native_kernels
+
+    try:
+        avx2 = load_native_kernels(("-mno-avx512f",))
+    except (OSError, RuntimeError) as e:
+        pytest.skip(f"AVX2 body does not build here: {e}")
+    g = torch.Generator().manual_seed(1)
+    I = 72  # two threads: spans of 40 and 32 elements a row
+    gu = torch.cat([torch.randn(5, I, generator=g) * 8, torch.randn(5, I, generator=g)], -1)
+    gu[0, :12] = torch.tensor([0.0, -0.0, 80.0, -80.0, 90.0, -90.0, 1e-30, -1e-30, float("inf"), float("-inf"),
+                               float("nan"), -87.5])
+    a, b = native_kernels().silu_mul(gu), avx2.silu_mul(gu)
+    nan = a.isnan()  # a NaN's sign bit follows the compiler's operand order: NaN is all that is asked of it
+    assert torch.equal(nan, b.isnan()) and nan.any()  # silu(-inf) and silu(nan)
+    assert torch.equal(a.view(torch.int32)[~nan], b.view(torch.int32)[~nan])  # every other bit, signed zeros too
+
+
 def test_a_ragged_batch_runs_its_layers_on_its_real_rows_only(monkeypatch):
     """Drafts of different lengths verified together: the layers see sum(num_new) packed rows, not B x T,
     and every real row gets the bits it gets alone; padding comes back zero (logits, hidden, captured)."""

@@ -69,7 +69,12 @@ static void softmax(float *s, size_t stride, int nq, int n, const uint8_t *vis, 
         for (; j < n; j++)
             if ((!vis || vis[j]) && si[j] > m) m = si[j];
         const v8f mb = {m, m, m, m, m, m, m, m};
-        for (j = 0; j + 8 <= n; j += 8) _mm256_storeu_ps(si + j, (__m256)exp8(load8(si + j, 0) - mb));
+        j = 0;
+#ifdef __AVX512F__
+        for (const __m512 m16 = _mm512_set1_ps(m); j + 16 <= n; j += 16) /* exp16: exp8's bits per lane */
+            _mm512_storeu_ps(si + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(si + j), m16)));
+#endif
+        for (; j + 8 <= n; j += 8) _mm256_storeu_ps(si + j, (__m256)exp8(load8(si + j, 0) - mb));
         if (j < n) { /* the tail through the same instructions, padded */
             float t[8] = {0};
             for (int l = j; l < n; l++) t[l - j] = si[l];

@@ -118,7 +118,18 @@ static void silu_mul_span(const float *gu, int I, int r, int i0, int i1, float *
     const v8f one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {0};
     const float *g = gu + (size_t)r * 2 * I, *u = g + I;
     float *o = out + (size_t)r * I;
-    for (int i = i0; i < i1; i += 8) {
+    int i = i0;
+#ifdef __AVX512F__
+    for (; i + 16 <= i1; i += 16) { /* the same operations on 16 lanes (exp16: exp8's bits per lane) */
+        const __m512 x = _mm512_loadu_ps(g + i), one16 = _mm512_set1_ps(1.f);
+        const __m512 neg = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+        const __m512 e = exp16(neg), d = _mm512_add_ps(one16, e);
+        const __m512 sig = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ),
+                                                _mm512_div_ps(one16, d), _mm512_div_ps(e, d));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(x, sig), _mm512_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < i1; i += 8) {
         const v8f x = load8(g + i, 0);
         const v8f neg = (v8f)_mm256_or_ps((__m256)x, _mm256_set1_ps(-0.f)); /* -|x| */
         const v8f e = exp8(neg);
