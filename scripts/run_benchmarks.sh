@@ -1366,3 +1366,7 @@ SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/bench_interleaved.py --spec-
 python scripts/bench_verify_curve.py --rounds 7 --split --gemms
 # perf of runner.forward over 1 / 5 new tokens after 256 cached, in a loop (row_exact, packed logits, as a verify):
 #   perf record -F 2000 -p <its pid> -- sleep 8 ; perf report --no-children -s sym --stdio
+# exp16 (45a2353) against the build before: the kernels alone, then whole c = 8 steps
+python scripts/ab_layer_kernels.py --rev 5e25845
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev 5e25845 --batch 8 --requests 16 \
+  --max-tokens 96 --reps 3
