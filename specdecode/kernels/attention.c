@@ -53,7 +53,7 @@ static void scores(const float *q, const char *k, size_t kstride, int n, int D, 
 
 /* Softmax weights, unnormalised, of the queries s[i * stride + j] (i < nq) that see the same keys
  * j in [0, n) (0 where vis says invisible; vis NULL: all visible), in place; z[i] their sums. Each
- * query's max is exact in any order, its weights go through exp8 lane by lane, and its sum runs
+ * query's max is exact in any order, its weights go through exp8 (exp16) lane by lane, and its sum runs
  * over j in order; the queries' sums are interleaved so that their chains overlap. */
 static void softmax(float *s, size_t stride, int nq, int n, const uint8_t *vis, float *z) {
     for (int i = 0; i < nq; i++) {

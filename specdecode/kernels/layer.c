@@ -112,7 +112,7 @@ static void store(void *cache, size_t idx, const float *v, int D, int bf16) {
 }
 
 /* out[r, i] = silu(gu[r, i]) * gu[r, I + i] for i in [i0, i1) of row r of gu [R, 2 I] (i0, i1 multiples
- * of 8). silu(x) = x * sigmoid(x) with sigmoid from exp8 of -|x| (exp8 takes x <= 0): 1 / (1 + e) for
+ * of 8). silu(x) = x * sigmoid(x) with sigmoid from exp8 (exp16) of -|x| (they take x <= 0): 1 / (1 + e) for
  * x >= 0, e / (1 + e) below. Each element on its own: any split of the work gives the same bits. */
 static void silu_mul_span(const float *gu, int I, int r, int i0, int i1, float *out) {
     const v8f one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {0};
