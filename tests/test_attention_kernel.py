@@ -80,7 +80,8 @@ def test_same_bits_however_batched():
     assert torch.equal(nodes[0, :, path], chain[0])
 
 
-@pytest.mark.parametrize("heads,kv_heads,dim", [(6, 6, 64), (4, 2, 72), (9, 3, 64), (12, 2, 128), (14, 2, 40)])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(6, 6, 64), (4, 2, 72), (9, 3, 64), (12, 2, 128), (14, 2, 40),
+                                               (10, 2, 64)])
 def test_each_query_of_a_long_chunk_equals_its_decode(heads, kv_heads, dim):
     """The kernel works on a task of several tokens x the query heads of one kv head, sharing each
     block of keys and values between them and computing queries in pairs: every query still gets
@@ -129,6 +130,31 @@ def test_avx2_body_gives_the_same_bits():
             a = native_kernels().attention(q * scale, kv.k[1], kv.v[1], slots, nkeys, m)
             b = avx2.attention(q * scale, kv.k[1], kv.v[1], slots, nkeys, m)
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("heads,kv_heads,dim", [(12, 2, 128), (10, 2, 72), (14, 2, 40), (8, 2, 64), (4, 4, 64)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_avx2_body_gives_the_same_bits_for_every_pairing(heads, kv_heads, dim, dtype):
+    """The AVX512 body runs query heads in pairs, one pair per 512-bit register, up to three pairs at a
+    time over the same keys, and an odd head alone; the AVX2 body runs each query's 256-bit chains. Every
+    pairing (one, two or three pairs, with and without an odd head), head dims with and without a 64-dim
+    remainder, key counts past whole blocks and groups of 4, and masks: the same bits."""
+    try:
+        avx2 = load_native_kernels(("-mno-avx512f",))
+    except (OSError, RuntimeError) as e:
+        pytest.skip(f"AVX2 body does not build here: {e}")
+    g = torch.Generator().manual_seed(heads * dim)
+    B, T, L = 2, 5, 120
+    kc = torch.randn(2, kv_heads, L, dim, generator=g).to(dtype)
+    vc = torch.randn(2, kv_heads, L, dim, generator=g).to(dtype)
+    q = torch.randn(B, heads, T, dim, generator=g) * 3
+    slots = torch.tensor([1, 0], dtype=torch.int32)
+    nkeys = (torch.tensor([[97], [6]]) + torch.arange(T)).to(torch.int32)
+    mask = (torch.rand(B, T, L, generator=g) > 0.3).to(torch.uint8)
+    mask[..., 0] = 1
+    for m in (None, mask):
+        assert torch.equal(native_kernels().attention(q, kc, vc, slots, nkeys, m),
+                           avx2.attention(q, kc, vc, slots, nkeys, m))
 
 
 def test_native_rmsnorm_matches_torch_and_is_row_invariant():

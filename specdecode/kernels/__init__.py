@@ -37,7 +37,7 @@ TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "argmax.c",
                                                       "sample.c", "threads.c"))
-_HEADERS = (Path(__file__).with_name("simd.h"), Path(__file__).with_name("share.h"))
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd.h", "share.h", "attention_pairs.h"))
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
 

@@ -16,8 +16,9 @@
  * one row times the G query heads of one kv head) share the work of widening each block of keys and
  * values, and go through the dot products and the weighted sums in pairs, each vector of keys or
  * values loaded once for both; nothing is vectorised across queries or keys in a way that changes
- * one query's order, so the AVX512 and AVX2 builds give the same bits too (both use 256-bit
- * vectors: Zen 4 executes 512-bit FMAs as two halves anyway).
+ * one query's order, so the AVX512 and AVX2 builds give the same bits too: every chain is 8 lanes
+ * wide, and the AVX512 body runs a pair's two chains side by side in one 512-bit register
+ * (attention_pairs.h).
  *
  * Visibility: query t of row b sees keys [0, nkeys[b, t]) of its slot, or, when mask is given, the
  * keys j < nkeys[b, t] with mask[b, t, j] != 0 (tree nodes: the prefix and their ancestors).
@@ -27,6 +28,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "attention_pairs.h"
 #include "simd.h"
 
 /* Scores of one query against keys [0, n): 8 keys per pass, each with its own FMA chain (8 chains
@@ -126,26 +128,21 @@ static void accumulate(const float *p, int n, const uint8_t *vis, const float *v
 
 /* Rows [0, n) of one kv head (stride row bytes) as float32 [n, D] in dst (exact for bfloat16). */
 static void widen(const char *src, size_t row, int n, int D, int bf16, float *dst) {
+#ifdef __AVX512F__
+    if (bf16 && D % 16 == 0) { /* the same shift, 16 at a time */
+        for (int j = 0; j < n; j++)
+            for (int c = 0; c < D; c += 16) {
+                const __m256i h = _mm256_loadu_si256((const __m256i *)(src + (size_t)j * row + (size_t)c * 2));
+                _mm512_storeu_ps(dst + (size_t)j * D + c,
+                                 _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+            }
+        return;
+    }
+#endif
     for (int j = 0; j < n; j++)
         for (int c = 0; c < D; c += 8)
             _mm256_storeu_ps(dst + (size_t)j * D + c,
                              (__m256)load8(src + (size_t)j * row + (size_t)c * (bf16 ? 2 : 4), bf16));
-}
-
-/* hsum8 of eight vectors at once: lane i of the result is hsum8(a[i]), bit for bit. The same
- * additions in the same order (low half + high half, then lanes 0 + 2 and 1 + 3, then those two),
- * done on four or two vectors' worth of lanes per instruction instead of one. */
-static inline v8f hsum8x8(const v8f a[8]) {
-    __m256 p[4];
-    for (int i = 0; i < 4; i++) /* [s(a_i), s(a_i+4)]: s = low half + high half */
-        p[i] = _mm256_add_ps(_mm256_permute2f128_ps((__m256)a[i], (__m256)a[i + 4], 0x20),
-                             _mm256_permute2f128_ps((__m256)a[i], (__m256)a[i + 4], 0x31));
-    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 2, 3, 2)));
-    __m256 w = _mm256_add_ps(_mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(3, 2, 3, 2)));
-    return (v8f)_mm256_add_ps(_mm256_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
-                              _mm256_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
 /* scores() of two queries (q1 may be NULL) against the same float32 keys [0, n) (rows of D): each
@@ -244,18 +241,37 @@ static inline void prefetch_block(const char *src, size_t row, int j, int n) {
  * per row (whether the next blocks are prefetched). */
 static void task(const float *q, size_t qstride, const char *k, const char *v, size_t row, const int32_t *nkeys,
                  const uint8_t *mask, int Lm, int nt, int G, int D, int bf16, float scale, float *s, int lmax,
-                 float *buf, float *acc, float *z, float *o, int T) {
+                 float *buf, float *acc, float *z, float *o, float *qp, int T) {
     int n = 0;
     for (int t = 0; t < nt; t++)
         if (nkeys[t] > n) n = nkeys[t];
     const int pf = T <= PF_MAX_TOKENS && n >= PF_MIN_KEYS;
+#ifdef __AVX512F__
+    for (int t = 0; t < nt; t++) /* heads (g, g + 1) of token t at qp + (t G + g) D */
+        for (int g = 0; g + 1 < G; g += 2)
+            pack_pair(q + (size_t)t * D + g * qstride, q + (size_t)t * D + (g + 1) * qstride, D,
+                      qp + ((size_t)t * G + g) * D);
+#else
+    (void)qp;
+#endif
     for (int j0 = 0; j0 < n; j0 += KB) {
         const int nb = n - j0 < KB ? n - j0 : KB;
         widen(k + (size_t)j0 * row, row, nb, D, bf16, buf);
         if (pf && j0 + KB < n) prefetch_block(k, row, j0 + KB, n);
         for (int t = 0; t < nt; t++) {
             const int m = nkeys[t] - j0 < nb ? nkeys[t] - j0 : nb;
-            for (int g = 0; m > 0 && g < G; g += 2) {
+            int g = 0;
+#ifdef __AVX512F__
+            for (int np; m > 0 && g + 1 < G; g += 2 * np) {
+                np = (G - g) / 2 < PAIRS ? (G - g) / 2 : PAIRS;
+                float *sg = s + (size_t)(t * G + g) * lmax + j0;
+                const int done = pairs_scores(qp + ((size_t)t * G + g) * D, np, buf, m, D, scale, sg, lmax);
+                for (int i = 0; done < m && i < 2 * np; i++) /* the keys past the last group of 4 */
+                    scores(q + (size_t)t * D + (g + i) * qstride, (const char *)(buf + (size_t)done * D), (size_t)D * 4,
+                           m - done, D, 0, scale, sg + (size_t)i * lmax + done);
+            }
+#endif
+            for (; m > 0 && g < G; g += 2) {
                 const float *q0 = q + (size_t)t * D + g * qstride;
                 float *s0 = s + (size_t)(t * G + g) * lmax + j0;
                 scores2(q0, g + 1 < G ? q0 + qstride : NULL, buf, m, D, scale, s0, s0 + lmax);
@@ -272,7 +288,15 @@ static void task(const float *q, size_t qstride, const char *k, const char *v, s
         for (int t = 0; t < nt; t++) {
             const int m = nkeys[t] - j0 < nb ? nkeys[t] - j0 : nb;
             const uint8_t *vis = mask ? mask + (size_t)t * Lm + j0 : NULL;
-            for (int g = 0; m > 0 && g < G; g += 2) {
+            int g = 0;
+#ifdef __AVX512F__
+            for (int np; m > 0 && g + 1 < G; g += 2 * np) {
+                np = (G - g) / 2 < PAIRS ? (G - g) / 2 : PAIRS;
+                pairs_accumulate(s + (size_t)(t * G + g) * lmax + j0, lmax, np, m, vis, buf, D,
+                                 acc + (size_t)(t * G + g) * D);
+            }
+#endif
+            for (; m > 0 && g < G; g += 2) {
                 const int i = t * G + g;
                 accumulate2(s + (size_t)i * lmax + j0, g + 1 < G ? s + (size_t)(i + 1) * lmax + j0 : NULL, m, vis,
                             buf, D, acc + (size_t)i * D, g + 1 < G ? acc + (size_t)(i + 1) * D : NULL);
@@ -337,17 +361,18 @@ int specdecode_attention(const float *q, const void *kc, const void *vc, int bf1
     const int Q = (TQ < T ? TQ : T) * G;
 #pragma omp parallel num_threads(nthreads)
     {
-        /* per thread: scores [Q, lmax], one widened block [KB, D], accumulators [Q, D], sums [Q]. The
+        /* per thread: scores [Q, lmax], one widened block [KB, D], accumulators [Q, D], sums [Q], the
+         * queries packed in pairs [Q, D] (the AVX512 body's pair kernels). The
          * block and the accumulators start on cache lines: their rows are loaded 32 bytes at a time
          * for every query, and a load split across two lines costs the load pipes twice
          * (docs/benchmarks.md, round 34). KB * D floats keep acc aligned after buf. */
         const size_t ns = up16((size_t)Q * lmax);
-        float *s = scratch(ns + (size_t)KB * D + (size_t)Q * D + (size_t)Q);
+        float *s = scratch(ns + (size_t)KB * D + 2 * (size_t)Q * D + up16((size_t)Q));
         if (!s) {
 #pragma omp atomic write
             failed = 1;
         }
-        float *buf = s + ns, *acc = buf + (size_t)KB * D, *z = acc + (size_t)Q * D;
+        float *buf = s + ns, *acc = buf + (size_t)KB * D, *z = acc + (size_t)Q * D, *qp = z + up16((size_t)Q);
 #pragma omp for collapse(3) schedule(dynamic)
         for (int b = 0; b < B; b++)
             for (int c = 0; c < Hkv; c++)
@@ -358,7 +383,7 @@ int specdecode_attention(const float *q, const void *kc, const void *vc, int bf1
                     const size_t qo = ((size_t)b * H + (size_t)c * G) * qstride + (size_t)t0 * D;
                     task(q + qo, qstride, (const char *)kc + base, (const char *)vc + base, row,
                          nkeys + (size_t)b * T + t0, mask ? mask + ((size_t)b * T + t0) * Lm : NULL, Lm, nt, G, D,
-                         bf16, scale, s, lmax, buf, acc, z, o + qo, T);
+                         bf16, scale, s, lmax, buf, acc, z, o + qo, qp, T);
                 }
     }
     return failed ? -1 : 0;

@@ -41,6 +41,22 @@ static inline v8f exp8(v8f v) {
     return (v8f)_mm256_andnot_ps(under, _mm256_mul_ps(p, e));
 }
 
+/* hsum8 of eight vectors at once: lane i of the result is hsum8(a[i]), bit for bit. The same
+ * additions in the same order (low half + high half, then lanes 0 + 2 and 1 + 3, then those two),
+ * done on four or two vectors' worth of lanes per instruction instead of one. */
+static inline v8f hsum8x8(const v8f a[8]) {
+    __m256 p[4];
+    for (int i = 0; i < 4; i++) /* [s(a_i), s(a_i+4)]: s = low half + high half */
+        p[i] = _mm256_add_ps(_mm256_permute2f128_ps((__m256)a[i], (__m256)a[i + 4], 0x20),
+                             _mm256_permute2f128_ps((__m256)a[i], (__m256)a[i + 4], 0x31));
+    __m256 u = _mm256_add_ps(_mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(p[0], p[1], _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 w = _mm256_add_ps(_mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(p[2], p[3], _MM_SHUFFLE(3, 2, 3, 2)));
+    return (v8f)_mm256_add_ps(_mm256_shuffle_ps(u, w, _MM_SHUFFLE(2, 0, 2, 0)),
+                              _mm256_shuffle_ps(u, w, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
 #ifdef __AVX512F__
 /* exp8's instructions on 16 lanes (AVX512 body): every lane gets exp8's bits, so a loop may take its
  * elements 16 at a time and its tail 8 at a time. */
