@@ -60,14 +60,15 @@ def main() -> int:
     from specdecode.engine.engine import Engine
     from specdecode.kernels import native_kernels
 
-    eng = Engine(EngineConfig(model=a.model, quant="auto", threads=a.threads, max_model_len=max(1024, a.context + 64)))
+    tokens = [int(t) for t in a.tokens.split(",")]
+    eng = Engine(EngineConfig(model=a.model, quant="auto", threads=a.threads,
+                              max_model_len=max(1024, a.context + max(tokens) + 64)))
     nk = native_kernels()
     libs = {"A": build_at(a.rev).lib, "B": nk.lib}
     runner, kv = eng.runner, eng.kv
     prompt = torch.randint(0, 100000, (a.context,), generator=torch.Generator().manual_seed(0)).tolist()
     slot = kv.allocate()
     runner.forward([slot], [prompt], last_only=True)
-    tokens = [int(t) for t in a.tokens.split(",")]
 
     def forward(name: str, t: int) -> tuple[float, torch.Tensor]:
         object.__setattr__(nk, "lib", libs[name])  # the frozen handle every native call goes through
