@@ -259,6 +259,24 @@ def test_shutdown_finishes_short_requests_and_aborts_long_ones():
         httpx.get(f"{srv.url}/health")
 
 
+def test_a_stopped_server_lets_go_of_its_engine():
+    """FastAPI keeps every route's function in a module-level cache, so an app's routes outlive it: a
+    process serving engine after engine (bench-serve's levels) kept every one of them, KV cache and all,
+    until its routes stopped reaching the engine but through the worker, which drops it on stopping."""
+    import gc
+    import weakref
+
+    engine = tiny_engine("none")
+    with BackgroundServer(create_app(engine, [MODEL])) as srv:
+        assert chat(srv, "hi", max_tokens=3).choices[0].message.content
+        worker = srv.server.config.app.state.worker
+    assert worker.engine is None and srv.server.config.app.state.metrics.render()  # scraping still answers
+    ref = weakref.ref(engine)
+    del engine
+    gc.collect()
+    assert ref() is None
+
+
 def test_reset_prefix_cache_route(server):
     chat(server, "cache this prompt", max_tokens=3)
     wait_idle(server.engine)

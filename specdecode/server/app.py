@@ -56,7 +56,11 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     worker = EngineWorker(engine, config.queue_timeout)
     metrics = ServerMetrics(worker)
     tokenizer = engine.tokenizer
-    vocab = engine.model.cfg.vocab_size
+    vocab, num_slots, ctx = engine.model.cfg.vocab_size, engine.kv.num_slots, engine.max_model_len
+    # The routes below reach the engine through the worker only, never by closing over it: FastAPI keeps
+    # every route's function in a module-level cache, so an app's closures outlive it, and the worker lets
+    # go of its engine when it stops (a process that serves engine after engine, as bench-serve does,
+    # would otherwise keep all of them and their KV caches).
     max_piece = tokenizer.max_piece_chars  # a scan of the vocabulary (~0.1 s): at start, not in the first request
 
     @asynccontextmanager
@@ -72,7 +76,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
 
     app = FastAPI(title="specdecode", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   dependencies=[Depends(host_allowed)])
-    app.state.worker, app.state.metrics, app.state.engine = worker, metrics, engine
+    app.state.worker, app.state.metrics = worker, metrics
 
     @app.exception_handler(ApiError)
     async def _api_error(request, e: ApiError):
@@ -115,7 +119,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     def admit() -> None:
         if not worker.alive:
             raise ApiError(503, "the engine is not running", "server_error")
-        check_capacity(worker.in_flight, engine.kv.num_slots, config.max_queue, worker.draining)
+        check_capacity(worker.in_flight, num_slots, config.max_queue, worker.draining)
 
     auth = [Depends(check_key)]
     post = auth + [Depends(json_body)]
@@ -129,7 +133,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     @app.get("/v1/models", dependencies=auth)
     async def models():
         return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "specdecode",
-                                            "max_model_len": engine.max_model_len} for name in model_names]}
+                                            "max_model_len": ctx} for name in model_names]}
 
     @app.get("/metrics", dependencies=auth)
     async def prometheus():
@@ -140,7 +144,7 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         """vLLM's route: later requests find no cached prompt (a benchmark's levels start cold)."""
         if not worker.alive:
             raise ApiError(503, "the engine is not running", "server_error")
-        return {"reset": await worker.call(engine.reset_prefix_cache)}
+        return {"reset": await worker.call(lambda: worker.engine.reset_prefix_cache())}
 
     async def parse(request: Request, schema: type[BaseModel]):
         admit()  # a full server refuses before reading, parsing and tokenizing
@@ -157,7 +161,6 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
     def check_length(chars: int) -> None:
         """Refuses a prompt too long for the context before tokenizing it. A token covers at most
         max_piece_chars characters; the factor 4 leaves room for normalization that merges code points."""
-        ctx = engine.max_model_len
         if chars > 4 * ctx * max_piece:
             raise InvalidRequestError(f"the prompt has {chars} characters, far more than a context of {ctx} "
                                       "tokens holds")
@@ -184,7 +187,6 @@ def create_app(engine: Engine, model_names: list[str], api_key: str | None = Non
         return await generate(request, req, ids, ResponseBuilder(False, req.model, tokenizer), "completions")
 
     async def generate(request: Request, req: BaseRequest, ids: list[int], rb: ResponseBuilder, endpoint: str):
-        ctx = engine.max_model_len
         if not ids:
             raise InvalidRequestError("the prompt is empty")
         if len(ids) >= ctx:  # can never fit: refuse now rather than queue it

@@ -33,6 +33,8 @@ class _EngineCollector:
         # Read from another thread without a lock: each figure is one int read, and a scrape that
         # sees a step half-done is still a valid sample.
         eng = self.worker.engine
+        if eng is None:  # the server has stopped
+            return
         yield GaugeMetricFamily(P + "num_requests_running", "Requests holding a KV slot", value=len(eng.running))
         yield GaugeMetricFamily(P + "num_requests_waiting", "Requests queued for a KV slot", value=len(eng.waiting))
         yield GaugeMetricFamily(P + "kv_slots", "KV-cache slots (max concurrent sequences)", value=eng.kv.num_slots)

@@ -96,12 +96,15 @@ class EngineWorker:
             self._cv.notify()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Aborts whatever is still in flight and ends the thread (after the current step)."""
+        """Aborts whatever is still in flight and ends the thread (after the current step); once it has
+        ended, lets go of the engine (``engine`` is then None), which the app's routes outlive."""
         with self._cv:
             self._stopping = True
             self._cv.notify()
         if self._thread is not None:
             self._thread.join(timeout)
+            if not self._thread.is_alive():
+                self.engine = None
 
     @property
     def alive(self) -> bool:
