@@ -1370,3 +1370,40 @@ python scripts/bench_verify_curve.py --rounds 7 --split --gemms
 python scripts/ab_layer_kernels.py --rev 5e25845
 python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev 5e25845 --batch 8 --requests 16 \
   --max-tokens 96 --reps 3
+
+# ---- Round 43 (Emerald Rapids with AMX, 2026-12-07): attention over query pairs in 512-bit registers; decode after
+# a long context beside llama.cpp; the server let go of no engine ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+# the multi-row GEMM's float epilogue, timing only (wrong outputs): the per-group sx product removed, then also the
+# minimum's FMA (sed variants of a /tmp copy, as /tmp/qg_nosx.c, /tmp/qg_nosxmin.c)
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_nosx.c --no-check --int4-only --rows 1,5,9
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_nosxmin.c --no-check --int4-only --rows 1,5,9
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_nosx.c --no-check --int4-only --rows 5,8,9 --stream --huge-pages
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_nosxmin.c --no-check --int4-only --rows 1,3,5,9 --stream --huge-pages
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_base.c --int4-only --rows 1,2,3,4,5,6 --stream --huge-pages --passes 6
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_base.c --int4-only --rows 1,2,3,4,5,6,8 --threads 1
+for v in NEAR_2048 NEAR_8192 nonear; do python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_$v.c --int4-only \
+  --rows 1,4,5,8 --stream --huge-pages --passes 6; done
+# attention in 512-bit pairs (a9eb45e) against the build before it
+python scripts/bench_verify_curve.py --rounds 9 --split --gemms
+python scripts/bench_verify_curve.py --rounds 7 --split --context 2048
+python scripts/ab_layer_kernels.py --rev b1663ff --rounds 11
+for c in 256 1000 2048; do python scripts/ab_native.py --rev b1663ff --context $c --tokens 1,5,9 --rounds 15; done
+python scripts/ab_native.py --rev b1663ff --context 1024 --tokens 64,256 --rounds 7
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev b1663ff --batch 8 --requests 16 \
+  --max-tokens 96 --reps 3
+# tried, not kept (throwaway commits on a worktree: PF_MIN_KEYS 0; the block prefetch's hint T2; the next block's
+# rows requested along the pair kernels' work instead of in one burst, against a9eb45e)
+python scripts/bench_interleaved.py --spec-types none,none:native-rev --native-rev 2eef8c7 --batch 8 --requests 16 \
+  --max-tokens 96 --reps 3
+python scripts/ab_native.py --rev 3bd22fe --context 4096 --tokens 1,5 --rounds 11
+python scripts/ab_native.py --rev a9eb45e --context 4096 --tokens 1,5 --rounds 11
+python scripts/ab_native.py --rev a9eb45e --context 1024 --tokens 1,5 --rounds 11
+# decode after a long context, llama.cpp beside us
+python scripts/bench_depth.py --llama-bin /tmp/llama.cpp-512/build/bin --depths 0,1024,2048,4096 --rounds 2
+# the issues' points
+python scripts/bench_gate_steps.py --spec-type auto --batch 8 --reps 2 --max-tokens 96
+for i in 1 2; do python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_$i.json; done
+python -m specdecode.cli bench-serve -t 2 --spec-types auto,none --concurrency 8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_c8_auto_first.json
