@@ -1405,5 +1405,9 @@ python scripts/bench_depth.py --llama-bin /tmp/llama.cpp-512/build/bin --depths 
 python scripts/bench_gate_steps.py --spec-type auto --batch 8 --reps 2 --max-tokens 96
 for i in 1 2; do python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 \
   --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_$i.json; done
-python -m specdecode.cli bench-serve -t 2 --spec-types auto,none --concurrency 8 --requests 16 --max-tokens 96 \
-  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_c8_auto_first.json
+for c in auto,none none,auto; do python -m specdecode.cli bench-serve -t 2 --spec-types $c --concurrency 8 --requests 16 \
+  --max-tokens 96 --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_c8_$c.json; done
+python scripts/bench_levels.py --reps 2
+for i in 1 2; do python scripts/bench_verify_curve.py --rounds 11; done
+python scripts/bench_verify_curve.py --rounds 7 --context 2048
+python scripts/bench_levels.py --spec-type auto --reps 1
