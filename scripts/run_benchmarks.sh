@@ -1411,3 +1411,6 @@ python scripts/bench_levels.py --reps 2
 for i in 1 2; do python scripts/bench_verify_curve.py --rounds 11; done
 python scripts/bench_verify_curve.py --rounds 7 --context 2048
 python scripts/bench_levels.py --spec-type auto --reps 1
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 8,1 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_81.json
+python scripts/bench_levels.py --reps 1 --steps
