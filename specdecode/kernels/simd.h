@@ -1,6 +1,7 @@
 /* 8-lane float vectors shared by attention.c, norm.c and layer.c: 256-bit in both the AVX512 and the AVX2
  * body, so the two give the same bits. Elementwise loops may take 16 lanes at a time on the AVX512 body
- * (exp16: exp8's instructions on 16 lanes), which keeps every element's bits. */
+ * (exp16: exp8's instructions on 16 lanes), and attention_pairs.h runs two 8-lane chains side by side in
+ * one 512-bit register: both keep every element's bits. */
 #ifndef SPECDECODE_SIMD_H
 #define SPECDECODE_SIMD_H
 #include <immintrin.h>
