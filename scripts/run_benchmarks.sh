@@ -1414,3 +1414,4 @@ python scripts/bench_levels.py --spec-type auto --reps 1
 python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 8,1 --requests 16 --max-tokens 96 \
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_81.json
 python scripts/bench_levels.py --reps 1 --steps
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/ab_layer_kernels.py --rev b1663ff --rounds 9
