@@ -113,7 +113,9 @@ static void store(void *cache, size_t idx, const float *v, int D, int bf16) {
 
 /* out[r, i] = silu(gu[r, i]) * gu[r, I + i] for i in [i0, i1) of row r of gu [R, 2 I] (i0, i1 multiples
  * of 8). silu(x) = x * sigmoid(x) with sigmoid from exp8 (exp16) of -|x| (they take x <= 0): 1 / (1 + e) for
- * x >= 0, e / (1 + e) below. Each element on its own: any split of the work gives the same bits. */
+ * x >= 0, e / (1 + e) below, one division per lane of the numerator it needs (a division rounds correctly, so
+ * choosing the numerator first gives the bits of choosing between two quotients). Each element on its own:
+ * any split of the work gives the same bits. */
 static void silu_mul_span(const float *gu, int I, int r, int i0, int i1, float *out) {
     const v8f one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {0};
     const float *g = gu + (size_t)r * 2 * I, *u = g + I;
@@ -124,8 +126,8 @@ static void silu_mul_span(const float *gu, int I, int r, int i0, int i1, float *
         const __m512 x = _mm512_loadu_ps(g + i), one16 = _mm512_set1_ps(1.f);
         const __m512 neg = _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
         const __m512 e = exp16(neg), d = _mm512_add_ps(one16, e);
-        const __m512 sig = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ),
-                                                _mm512_div_ps(one16, d), _mm512_div_ps(e, d));
+        const __mmask16 below = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+        const __m512 sig = _mm512_div_ps(_mm512_mask_blend_ps(below, one16, e), d);
         _mm512_storeu_ps(o + i, _mm512_mul_ps(_mm512_mul_ps(x, sig), _mm512_loadu_ps(u + i)));
     }
 #endif
@@ -134,8 +136,8 @@ static void silu_mul_span(const float *gu, int I, int r, int i0, int i1, float *
         const v8f neg = (v8f)_mm256_or_ps((__m256)x, _mm256_set1_ps(-0.f)); /* -|x| */
         const v8f e = exp8(neg);
         const v8f d = one + e;
-        const v8f sig = (v8f)_mm256_blendv_ps((__m256)(one / d), (__m256)(e / d),
-                                              _mm256_cmp_ps((__m256)x, (__m256)zero, _CMP_LT_OQ));
+        const __m256 below = _mm256_cmp_ps((__m256)x, (__m256)zero, _CMP_LT_OQ);
+        const v8f sig = (v8f)_mm256_blendv_ps((__m256)one, (__m256)e, below) / d;
         _mm256_storeu_ps(o + i, (__m256)(x * sig * load8(u + i, 0)));
     }
 }
