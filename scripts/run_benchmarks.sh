@@ -1415,3 +1415,6 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 8
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r43_serve_81.json
 python scripts/bench_levels.py --reps 1 --steps
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/ab_layer_kernels.py --rev b1663ff --rounds 9
+# SwiGLU's one division (2a2eb6b), measured before committing it against HEAD (then d4c306d)
+python scripts/ab_layer_kernels.py --rev d4c306d --rounds 9
+SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/ab_layer_kernels.py --rev d4c306d --rounds 7
