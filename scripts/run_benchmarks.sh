@@ -1382,8 +1382,11 @@ python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_nosx.c --no-check --int4-onl
 python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_nosxmin.c --no-check --int4-only --rows 1,3,5,9 --stream --huge-pages
 python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_base.c --int4-only --rows 1,2,3,4,5,6 --stream --huge-pages --passes 6
 python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_base.c --int4-only --rows 1,2,3,4,5,6,8 --threads 1
-for v in NEAR_2048 NEAR_8192 nonear; do python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_$v.c --int4-only \
-  --rows 1,4,5,8 --stream --huge-pages --passes 6; done
+for v in NEAR_2048 NEAR_8192 nonear FAR_32768 FAR_65536; do python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_$v.c \
+  --int4-only --rows 1,4,5,8 --stream --huge-pages --passes 6; done
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_dp2.c --no-check --int4-only --rows 1,4,5 --stream --huge-pages --passes 8
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_magic.c --int4-only --rows 16,80,256 --threads 1
+python scripts/ab_kernels.py /tmp/qg_base.c /tmp/qg_magic.c --int4-only --rows 1,5,9 --threads 1
 # attention in 512-bit pairs (a9eb45e) against the build before it
 python scripts/bench_verify_curve.py --rounds 9 --split --gemms
 python scripts/bench_verify_curve.py --rounds 7 --split --context 2048
