@@ -23,22 +23,28 @@ static inline float hsum8(v8f v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
+/* Cephes' expf: n = floor(x log2(e) + 1/2), r = x - n ln2 (ln2 in two parts), the polynomial EXP_POLY in r,
+ * then 2^n; exp8 and exp16 share these constants, so their lanes agree bit for bit. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_LN2_HI 0.693359375f
+#define EXP_LN2_LO -2.12194440e-4f
+#define EXP_UNDER -87.f /* below it exp is 0 */
+static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
+                                  1.6666665459e-1f, 5.0000001201e-1f};
+
 /* exp(x) per lane for x <= 0 (Cephes' expf polynomial, ~1 ulp); 0 below -87. Every lane goes
  * through the same instructions, so a key's weight does not depend on its neighbours. */
 static inline v8f exp8(v8f v) {
     const __m256 x = (__m256)v;
-    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                                   _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f)));
-    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-    static const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                               1.6666665459e-1f, 5.0000001201e-1f};
-    __m256 p = _mm256_set1_ps(c[0]);
-    for (int i = 1; i < 6; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c[i]));
+    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(EXP_LOG2E)), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_HI)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(EXP_LN2_LO)));
+    __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_POLY[i]));
     p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.f));
     const __m256 e = _mm256_castsi256_ps(_mm256_slli_epi32(
         _mm256_add_epi32(_mm256_cvtps_epi32(_mm256_max_ps(n, _mm256_set1_ps(-127.f))), _mm256_set1_epi32(127)), 23));
-    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.f), _CMP_LT_OQ);
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(EXP_UNDER), _CMP_LT_OQ);
     return (v8f)_mm256_andnot_ps(under, _mm256_mul_ps(p, e));
 }
 
@@ -62,19 +68,16 @@ static inline v8f hsum8x8(const v8f a[8]) {
 /* exp8's instructions on 16 lanes (AVX512 body): every lane gets exp8's bits, so a loop may take its
  * elements 16 at a time and its tail 8 at a time. */
 static inline __m512 exp16(__m512 x) {
-    const __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                                        _mm512_set1_ps(0.5f)),
-                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
-    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    static const float c[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f,
-                               1.6666665459e-1f, 5.0000001201e-1f};
-    __m512 p = _mm512_set1_ps(c[0]);
-    for (int i = 1; i < 6; i++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c[i]));
+    const __m512 t = _mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(EXP_LOG2E)), _mm512_set1_ps(0.5f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(EXP_LN2_HI)));
+    r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(EXP_LN2_LO)));
+    __m512 p = _mm512_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; i++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(EXP_POLY[i]));
     p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.f));
     const __m512 e = _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_add_epi32(_mm512_cvtps_epi32(_mm512_max_ps(n, _mm512_set1_ps(-127.f))), _mm512_set1_epi32(127)), 23));
-    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_LT_OQ);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(EXP_UNDER), _CMP_LT_OQ);
     return _mm512_maskz_mul_ps((__mmask16)~under, p, e); /* +0 where under, as exp8's andnot */
 }
 #endif
