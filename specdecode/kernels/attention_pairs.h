@@ -15,14 +15,6 @@
 #ifdef __AVX512F__
 #define PAIRS 3
 
-/* Queries q0, q1 [D] interleaved 8 dims at a time: qp [D / 8][16], lanes 0-7 q0's, 8-15 q1's. */
-static void pack_pair(const float *q0, const float *q1, int D, float *qp) {
-    for (int d = 0; d < D; d += 8) {
-        _mm256_storeu_ps(qp + 2 * d, _mm256_loadu_ps(q0 + d));
-        _mm256_storeu_ps(qp + 2 * d + 8, _mm256_loadu_ps(q1 + d));
-    }
-}
-
 /* The 8 floats at p in both halves. */
 static inline __m512 dup8(const float *p) {
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd((const double *)p)));
@@ -36,6 +28,21 @@ static inline __m512 pair1(float a, float b) {
 
 static inline v8f lo8(__m512 a) { return (v8f)_mm512_castps512_ps256(a); }
 static inline v8f hi8(__m512 a) { return (v8f)_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)); }
+
+/* The 8 floats at a in lanes 0-7 and those at b in lanes 8-15; and back. */
+static inline __m512 load_pair(const float *a, const float *b) {
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(a))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b)), 1));
+}
+static inline void store_pair(__m512 v, float *a, float *b) {
+    _mm256_storeu_ps(a, (__m256)lo8(v));
+    _mm256_storeu_ps(b, (__m256)hi8(v));
+}
+
+/* Queries q0, q1 [D] interleaved 8 dims at a time: qp [D / 8][16], lanes 0-7 q0's, 8-15 q1's. */
+static void pack_pair(const float *q0, const float *q1, int D, float *qp) {
+    for (int d = 0; d < D; d += 8) _mm512_storeu_ps(qp + 2 * d, load_pair(q0 + d, q1 + d));
+}
 
 /* Scores of NP pairs (packed by pack_pair, qp + 2 D p for pair p) against the float32 keys [0, n) (rows of
  * D), 4 keys at a time; pair p's two queries' scores go to s + 2 p lmax + j and s + (2 p + 1) lmax + j.
@@ -78,10 +85,7 @@ static inline __attribute__((always_inline)) void accumulate_pairs(const float *
     for (; c0 + 64 <= D; c0 += 64) {
         __m512 a[PAIRS][8];
         for (int p = 0; p < NP; p++)
-            for (int i = 0; i < 8; i++)
-                a[p][i] = _mm512_castpd_ps(_mm512_insertf64x4(
-                    _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(acc[2 * p] + c0 + 8 * i))),
-                    _mm256_castps_pd(_mm256_loadu_ps(acc[2 * p + 1] + c0 + 8 * i)), 1));
+            for (int i = 0; i < 8; i++) a[p][i] = load_pair(acc[2 * p] + c0 + 8 * i, acc[2 * p + 1] + c0 + 8 * i);
         for (int j = 0; j < n; j++) {
             if (vis && !vis[j]) continue;
             const float *vj = v + (size_t)j * D + c0;
@@ -93,26 +97,17 @@ static inline __attribute__((always_inline)) void accumulate_pairs(const float *
             }
         }
         for (int p = 0; p < NP; p++)
-            for (int i = 0; i < 8; i++) {
-                _mm256_storeu_ps(acc[2 * p] + c0 + 8 * i, (__m256)lo8(a[p][i]));
-                _mm256_storeu_ps(acc[2 * p + 1] + c0 + 8 * i, (__m256)hi8(a[p][i]));
-            }
+            for (int i = 0; i < 8; i++) store_pair(a[p][i], acc[2 * p] + c0 + 8 * i, acc[2 * p + 1] + c0 + 8 * i);
     }
     for (; c0 < D; c0 += 8) { /* head dims that are not a multiple of 64 */
         __m512 a[PAIRS];
-        for (int p = 0; p < NP; p++)
-            a[p] = _mm512_castpd_ps(_mm512_insertf64x4(
-                _mm512_castps_pd(_mm512_castps256_ps512(_mm256_loadu_ps(acc[2 * p] + c0))),
-                _mm256_castps_pd(_mm256_loadu_ps(acc[2 * p + 1] + c0)), 1));
+        for (int p = 0; p < NP; p++) a[p] = load_pair(acc[2 * p] + c0, acc[2 * p + 1] + c0);
         for (int j = 0; j < n; j++) {
             if (vis && !vis[j]) continue;
             const __m512 x = dup8(v + (size_t)j * D + c0);
             for (int p = 0; p < NP; p++) a[p] = _mm512_fmadd_ps(pair1(w[2 * p][j], w[2 * p + 1][j]), x, a[p]);
         }
-        for (int p = 0; p < NP; p++) {
-            _mm256_storeu_ps(acc[2 * p] + c0, (__m256)lo8(a[p]));
-            _mm256_storeu_ps(acc[2 * p + 1] + c0, (__m256)hi8(a[p]));
-        }
+        for (int p = 0; p < NP; p++) store_pair(a[p], acc[2 * p] + c0, acc[2 * p + 1] + c0);
     }
 }
 
