@@ -11,7 +11,8 @@ batches of 1000 calls per row count. ``--stream``: the 1.5B's 112 int4 decoder m
 shapes, random codes) and its int8 LM head streamed from DRAM as a decode step streams them, medians of
 8 passes (``--passes``), in 4 KiB pages or, with ``--huge-pages``, in 2 MiB pages as the engine's weights
 are where the host gives them (runtime/host_memory.py). ``--flags``: extra compiler flags for both builds
-(``-mno-avx512f``: the AVX2 body)."""
+(``-mno-avx512f``: the AVX2 body). A variant of one of quant_gemm.c's bodies (quant_gemm_*.h) is a copy of the
+whole kernels folder, edited, whose quant_gemm.c is given here: its quoted includes resolve beside it first."""
 from __future__ import annotations
 
 import argparse

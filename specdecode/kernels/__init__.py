@@ -1,8 +1,9 @@
 """Native CPU kernels, compiled on first use with the system C compiler for this machine's CPU.
 
 One library from seven sources (see their headers for why they exist and their exact arithmetic):
-``quant_gemm.c``, weight-only int4 and int8 GEMMs; ``attention.c``, batch-invariant attention over
-the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
+``quant_gemm.c``, weight-only int4 and int8 GEMMs (a body per instruction set in ``quant_gemm_avx512.h``
+and ``quant_gemm_avx2.h``, the AMX pass in ``quant_gemm_amx.h``); ``attention.c``, batch-invariant
+attention over the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
 from the other three (``simd.h``: the vector helpers they share; ``share.h``: how the GEMMs' threads
 share their tiles; ``layer.py``: its operands);
 ``argmax.c``, row-wise argmax for greedy tokens; ``sample.c``, inverse-CDF sampling of probability
@@ -37,7 +38,8 @@ TILE = 16  # output rows per packed tile (quant_gemm.c)
 INT8_GROUP = 32  # activation quantization group of the int8 kernel
 _SOURCES = tuple(Path(__file__).with_name(n) for n in ("quant_gemm.c", "attention.c", "norm.c", "layer.c", "argmax.c",
                                                       "sample.c", "threads.c"))
-_HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd.h", "share.h", "attention_pairs.h"))
+_HEADERS = tuple(Path(__file__).with_name(n) for n in ("simd.h", "share.h", "attention_pairs.h", "quant_gemm_avx512.h",
+                                                      "quant_gemm_avx2.h", "quant_gemm_amx.h"))
 # No floating-point contraction: attention.c's results must not depend on how the compiler vectorises.
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-ffp-contract=off"]
 
