@@ -325,10 +325,10 @@ def test_bench_serve(server, tmp_path, monkeypatch):
     built.clear()
     bench_engines([("none", factory("none"))], load_prompts(prompts), [1, 2], 2, {"max_tokens": 6}, warm_levels=True)
     assert built == ["none"]
-    built.clear()  # rounds: configurations in turns, a level's figures combined over them
+    built.clear()  # rounds: configurations in turns, ABBA, a level's figures combined over them
     results, records = bench_engines([("none", factory("none")), ("draft", factory("draft"))],
                                      load_prompts(prompts), [2], 2, {"max_tokens": 6, "temperature": 0}, rounds=2)
-    assert built == ["none", "draft", "none", "draft"] and {r["round"] for r in records} == {1, 2}
+    assert built == ["none", "draft", "draft", "none"] and {r["round"] for r in records} == {1, 2}
     level = results["draft"][2]
     runs = level["output_tokens_per_s_runs"]
     assert level["rounds"] == 2 and len(runs) == 2 and min(runs) <= level["output_tokens_per_s"] <= max(runs)

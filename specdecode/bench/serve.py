@@ -54,8 +54,9 @@ def add_bench_serve_parser(sub) -> None:
     add_prefix_cache_args(b)
     add_prefill_args(b)
     b.add_argument("--rounds", type=int, default=1,
-                   help="run every configuration's levels this many times, configurations in turns; report each "
-                        "figure's median, tok/s's range, and 'vs first' as the median of the rounds' paired ratios")
+                   help="run every configuration's levels this many times, configurations in turns, their order "
+                        "reversed every other round; report each figure's median, tok/s's range, and 'vs first' as "
+                        "the median of the rounds' paired ratios")
     b.add_argument("--warm-levels", action="store_true",
                    help="one server per configuration for all levels (default: each level starts cold, as a "
                         "fresh server: the levels ask the same prompts, which a warm server has cached)")
@@ -162,8 +163,10 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
     Every level gets an engine of its own, as a server just started: the levels ask the same prompts,
     and an engine that served an earlier level would hold them in its prefix cache and their answers
     in its cross-request drafters. ``warm_levels``: one engine per configuration, levels in turn.
-    ``rounds``: the whole set again, configurations in turns (so that a machine's drift reaches them
-    alike); each level's figures are then combined by ``combine_rounds``."""
+    ``rounds``: the whole set again, configurations in turns, their order reversed every other round
+    (ABBA: in one process a configuration measured after another's levels served slower, whichever it
+    was, docs/benchmarks.md round 44), so that a machine's drift and the order reach them alike; each
+    level's figures are then combined by ``combine_rounds``."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -176,7 +179,7 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
     records = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:  # the module doc says why
         for r in range(rounds):
-            for label, factory in engines:
+            for label, factory in (engines if r % 2 == 0 else engines[::-1]):
                 if progress:
                     print(f"{label}" + (f" (round {r + 1})" if rounds > 1 else "") + ":", file=sys.stderr)
                 for group in ([levels] if warm_levels else [[c] for c in levels]):
