@@ -164,9 +164,9 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
     and an engine that served an earlier level would hold them in its prefix cache and their answers
     in its cross-request drafters. ``warm_levels``: one engine per configuration, levels in turn.
     ``rounds``: the whole set again, configurations in turns, their order reversed every other round
-    (ABBA: in one process a configuration measured after another's levels served slower, whichever it
-    was, docs/benchmarks.md round 44), so that a machine's drift and the order reach them alike; each
-    level's figures are then combined by ``combine_rounds``."""
+    (ABBA: in one process the configuration served second often ran slower, docs/benchmarks.md round
+    44), so that a machine's drift and the order reach them alike; each level's figures are then
+    combined by ``combine_rounds``."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
