@@ -1421,3 +1421,41 @@ SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/ab_layer_kernels.py --rev b1
 # SwiGLU's one division (2a2eb6b), measured before committing it against HEAD (then d4c306d)
 python scripts/ab_layer_kernels.py --rev d4c306d --rounds 9
 SPECDECODE_NATIVE_FLAGS=-mno-avx512f python scripts/ab_layer_kernels.py --rev d4c306d --rounds 7
+# ---- Round 44 (Emerald Rapids with AMX, 2026-12-07): the AMX pass's tile instructions beside its epilogue; attention's
+# part in a verify; the large head's build started. Every timing below with the head build stopped (kill -STOP). ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python scripts/bench_prefill.py --lengths 16,64,200,512 --rounds 3
+gcc -O2 -march=native scripts/amx_overlap.c -o /tmp/amx_overlap && /tmp/amx_overlap && /tmp/amx_overlap
+# AMX variants of a /tmp copy of quant_gemm.c (then one file): inputs in two pairs of tiles unrolled by 6 (qg_dbl), the
+# same unrolled form with one pair (qg_single), three activation / code tiles (qg_A3 / qg_B3), groups issued three
+# ahead (qg_ahead3), timing only without the epilogue / the tile instructions (qg_noepi / qg_notile), AMX from 8 rows
+# (qg_amx8), the VNNI body (qg_noamx: #define SPECDECODE_NO_AMX)
+git show 8f09213:specdecode/kernels/quant_gemm.c > /tmp/qg_before.c
+python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_before.c --int4-only --rows 16,64,256
+for v in dbl single A3 B3 ahead3; do python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_$v.c --int4-only --rows 16,64,256; done
+for v in noepi notile; do python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_$v.c --int4-only --rows 16,64,256 --no-check; done
+python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_amx8.c --int4-only --rows 8,9,10
+python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_amx8.c --int4-only --rows 8,10 --stream --passes 4
+python scripts/ab_kernels.py /tmp/qg_before.c /tmp/qg_noamx.c --int4-only --rows 10,16,64,256
+# attention: verify sizes after 256 / 4096 tokens; prefetch variants of a /tmp copy of attention.c (no prefetch:
+# PF_MIN_KEYS 1e9; T2 four blocks ahead beside the burst; T2 four ahead alone; the burst two blocks ahead)
+python scripts/bench_attention.py
+python scripts/bench_attention.py --context 4096 --reps 21
+python scripts/bench_attention.py /tmp/attn_base.c /tmp/attn_nopf.c /tmp/attn_far.c --context 4096 --reps 15
+python scripts/bench_attention.py /tmp/attn_base.c /tmp/attn_faronly.c /tmp/attn_two.c --context 4096 --reps 15
+# the large head (issue 16's recipe), in a copy of the tree, in the background
+mkdir -p /work/hb && git archive 8f09213 | tar -x -C /work/hb
+(cd /work/hb && PYTHONPATH=/work/hb THREADS=2 scripts/build_head_large.sh out/heads-large > /work/hb/build.log 2>&1 &)
+# the issues' points (the head build stopped)
+python scripts/bench_verify_curve.py --split --gemms --rounds 15
+for i in 1 2; do python scripts/bench_verify_curve.py --rounds 11; done
+python scripts/bench_levels.py --reps 2
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r44_serve_1.json
+# the order of the configurations (the main-thread pool variant: release_threads() after the factory, a throwaway
+# patch of bench/serve.py)
+python -m specdecode.cli bench-serve -t 2 --spec-types auto,none --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 1 --prompts $P --json-out out/r44_serve_rev.json
+# after 17d305b (ABBA rounds)
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r44_serve_abba.json
