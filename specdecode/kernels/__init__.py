@@ -3,9 +3,9 @@
 One library from seven sources (see their headers for why they exist and their exact arithmetic):
 ``quant_gemm.c``, weight-only int4 and int8 GEMMs (a body per instruction set in ``quant_gemm_avx512.h``
 and ``quant_gemm_avx2.h``, the AMX pass in ``quant_gemm_amx.h``); ``attention.c``, batch-invariant
-attention over the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in one call
-from the other three (``simd.h``: the vector helpers they share; ``share.h``: how the GEMMs' threads
-share their tiles; ``layer.py``: its operands);
+attention over the slot KV cache; ``norm.c``, RMSNorm; ``layer.c``, a whole Llama-family decoder layer in
+one call from the other three (``simd.h``: the vector helpers they share; ``share.h``: how the GEMMs'
+threads share their tiles; ``layer.py``: its operands);
 ``argmax.c``, row-wise argmax for greedy tokens; ``sample.c``, inverse-CDF sampling of probability
 rows; ``threads.c``, releasing a thread's OpenMP pool. It is
 built with ``-march=native`` into a per-user cache keyed by the sources, the compiler and the CPU, and
