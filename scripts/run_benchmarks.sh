@@ -1459,3 +1459,5 @@ python -m specdecode.cli bench-serve -t 2 --spec-types auto,none --concurrency 1
 # after 17d305b (ABBA rounds)
 python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r44_serve_abba.json
+python -m specdecode.cli bench-serve -t 2 --spec-types none,suffix,auto --concurrency 8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r44_serve_c8_3.json
