@@ -1461,3 +1461,6 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r44_serve_abba.json
 python -m specdecode.cli bench-serve -t 2 --spec-types none,suffix,auto --concurrency 8 --requests 16 --max-tokens 96 \
   --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r44_serve_c8_3.json
+# auto's drafting at batch 8 in the engine alone, run to run (throwaway scripts: LLM.generate of the first 16 Spec-Bench
+# prompts on 8 slots, 96 tokens, in a fresh process or after other levels; the gate's judgments logged by a
+# monkeypatch of SpeculationGate.observe)
