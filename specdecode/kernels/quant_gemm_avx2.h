@@ -24,8 +24,8 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(m, _mm_movehdup_ps(m)));
 }
 
-/* As the AVX512 quantize_group above (same rounding, same results but for the order of the float
- * sum). gs % 8 == 0. */
+/* As the AVX512 body's quantize_group (quant_gemm_avx512.h: same rounding, same results but for the order
+ * of the float sum). gs % 8 == 0. */
 static inline void quantize_group(const float *p, int gs, int8_t *q, float *amax, float *sum, int32_t *qsum) {
     const __m256 sign = _mm256_set1_ps(-0.f);
     __m256 vmax = _mm256_setzero_ps(), vsum = _mm256_setzero_ps();
