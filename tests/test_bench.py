@@ -57,7 +57,7 @@ def test_prompt_files_keep_every_turn(tmp_path):
 def test_multi_turn_prompts_run_as_conversations():
     # Spec-Bench runs MT-bench's second turn after the model's own first answer: one record per turn,
     # the second turn's prompt holding the first answer, and a lossless drafter's conversation equal
-    # to none's turn by turn.
+    # to none's turn by turn. The configurations' order reverses every other prompt (ABBA).
     from server_helpers import ChatCharTokenizer
     from tiny_models import tiny_llm
 
@@ -74,7 +74,7 @@ def test_multi_turn_prompts_run_as_conversations():
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     recs = bench_llms(llms, prompts, params, progress=False)
     assert [(r["prompt_id"], r["turn"], r["config"]) for r in recs] == [
-        ("1", 0, "none"), ("1", 1, "none"), ("1", 0, "ngram"), ("1", 1, "ngram"), ("2", 0, "none"), ("2", 0, "ngram")]
+        ("1", 0, "none"), ("1", 1, "none"), ("1", 0, "ngram"), ("1", 1, "ngram"), ("2", 0, "ngram"), ("2", 0, "none")]
     by = {(r["prompt_id"], r["turn"], r["config"]): r for r in recs}
     none = llms["none"]
     answer = none.tokenizer.decode(by[("1", 0, "none")]["token_ids"])

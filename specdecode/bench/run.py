@@ -1,8 +1,8 @@
 """Runs a prompt set through several speculative configurations in one process.
 
 The target (and any draft model) is loaded once and shared; for every prompt all configurations run
-back to back, so slow drifts of a shared machine hit them alike. Speed-ups are ratios measured in
-the same run on the same prompts.
+back to back, so slow drifts of a shared machine hit them alike, in an order that reverses every other
+prompt. Speed-ups are ratios measured in the same run on the same prompts.
 
 A prompt with several user turns (MT-bench's) runs as a conversation, as Spec-Bench's evaluation runs
 it: each turn's prompt is the conversation so far, the configuration's own earlier answers included,
@@ -99,7 +99,8 @@ def build_llms(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]]) ->
 def bench_llms(llms: dict[str, LLM], prompts: list[Prompt], params: SamplingParams, progress: bool = True,
                warmup: bool = True, on_prompt: Callable[[list[dict]], None] | None = None,
                turns: int | None = None) -> list[dict]:
-    """Every configuration on each prompt in turn; records, one per (prompt, turn, configuration).
+    """Every configuration on each prompt in turn, in the given order on even prompts and in reverse on
+    odd ones; records, one per (prompt, turn, configuration).
     ``turns``: the first N user turns of each prompt (None: all of them); ``on_prompt(records so far)``
     is called after each prompt."""
     from tqdm import tqdm
@@ -109,8 +110,10 @@ def bench_llms(llms: dict[str, LLM], prompts: list[Prompt], params: SamplingPara
             llm.generate(llm.encode_chat([{"role": "user", "content": prompts[0].turns[0]}]),
                          replace(params, max_tokens=8))
     records = []
-    for p in tqdm(prompts, desc="bench", unit="prompt", disable=not progress):
-        for label, llm in llms.items():
+    for i, p in enumerate(tqdm(prompts, desc="bench", unit="prompt", disable=not progress)):
+        # the order reverses every other prompt (ABBA): whatever the configuration run second on a
+        # prompt gains or loses from the one before it falls on each configuration alike
+        for label, llm in (list(llms.items()) if i % 2 == 0 else list(llms.items())[::-1]):
             messages: list[dict] = []
             for turn, text in enumerate(p.turns[:turns]):
                 messages.append({"role": "user", "content": text})
