@@ -1464,3 +1464,34 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,suffix,auto --concur
 # auto's drafting at batch 8 in the engine alone, run to run (throwaway scripts: LLM.generate of the first 16 Spec-Bench
 # prompts on 8 slots, 96 tokens, in a fresh process or after other levels; the gate's judgments logged by a
 # monkeypatch of SpeculationGate.observe)
+
+# ---- Round 45 (AMD EPYC family 25 model 1, Zen 3: AVX2 without VNNI, 2026-12-07): the issues' points on an AVX2-only
+# host; bench's configurations in ABBA order. llama.cpp: the sdist fetched by URL (pip download was compiling cmake
+# from source), then build-llama-cpp's cmake steps in /tmp/llama.cpp-peer/src. ----
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python scripts/bench_verify_curve.py --rounds 7
+python scripts/ab_kernels.py specdecode/kernels/quant_gemm.c /tmp/kv3/quant_gemm.c --int4-only --rows 1,2,4,5,8,9 \
+  --stream --passes 6  # /tmp/kv3: the kernels folder, tile_passes taking 4-9 rows in passes of 3 (2 where 4 are left)
+gcc -O2 -march=native scripts/maddubs_peak.c -o /tmp/maddubs_peak && /tmp/maddubs_peak && /tmp/maddubs_peak
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r45_sb5.json
+python scripts/spec_bench_categories.py out/r45_sb5.json
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
+  --prompts $P --json-out out/r45_sb5_t07.json
+python scripts/spec_bench_categories.py out/r45_sb5_t07.json
+# after 6a33396 (bench's order ABBA)
+python -m specdecode.cli bench -t 2 --spec-types none,auto --category qa --limit 40 --max-tokens 128 --prompts $P \
+  --json-out out/r45_qa40.json
+python scripts/bench_vs_llamacpp.py --llama-bin /tmp/llama.cpp-peer/src/build/bin --ours none,auto --theirs plain,ngram-mod \
+  --rounds 1 --json-out out/r45_vs_llamacpp.json
+python -m specdecode.cli bench-serve -t 2 --spec-types none,ngram-mod,suffix,auto --prompts scripts/data/repeated_tasks.jsonl \
+  --concurrency 1,4 --requests 12 --max-tokens 128 --json-out out/r45_serve_repeated.json
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1,8 --requests 16 --max-tokens 96 \
+  --max-num-seqs 8 --rounds 2 --prompts $P --json-out out/r45_serve_abba.json
+# throwaway probes (one process, engines of each configuration over one shared target): c = 8 runs of the first 16
+# Spec-Bench prompts on 8 slots among c = 1 runs of 4, the gate's windows logged (a monkeypatch of
+# SpeculationGate.observe); the repeated tasks' first step per request, its forward rows counted (a wrapper of
+# ModelRunner.forward), none and auto; auto against auto with the EAGLE head starting after a prefix-cache hit, on the
+# first 16 Spec-Bench prompts and on the repeated tasks; auto with the head's window re-prefilled (the committed rule)
+# against owed to its first feed (90aa727's rule, patched onto one engine's proposer), the repeated tasks at c = 1 (one
+# at a time, 8 slots) and c = 4 (all 12 queued on 4 slots), two repetitions in turns; none against auto on the first 16
+# Spec-Bench prompts one at a time on 8 slots, in turns.
