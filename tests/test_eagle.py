@@ -676,12 +676,13 @@ def test_a_kept_state_that_never_drafted_keeps_its_pending_features(plain, monke
     assert again.stats["spec"]["accepted_tokens"] == ref.stats["spec"]["accepted_tokens"] > 0
 
 
-def test_prefix_hit_without_a_kept_state_prefills_the_heads_window_again(plain, monkeypatch):
+def test_a_prefix_hit_without_a_kept_state_owes_the_head_its_window(plain, monkeypatch):
     """A prompt whose cached tokens come from the host prompt store (its slot served another prompt
-    since) finds no kept head state: the engine prefills the last PROMPT_WINDOW cached positions
-    again, and the head reads their features from that prefill (no forward of its own); the output is
-    a cold start's."""
+    since) finds no kept head state: the engine prefills nothing of the hit again, and the head's
+    first proposal recomputes the last PROMPT_WINDOW cached positions in one target forward of its
+    own; the output is a cold start's. A request the head never drafts for recomputes nothing."""
     import specdecode.speculative.eagle as eagle
+    from specdecode.sampling_params import SamplingParams
 
     W = 32
     monkeypatch.setattr(eagle, "PROMPT_WINDOW", W)
@@ -689,12 +690,19 @@ def test_prefix_hit_without_a_kept_state_prefills_the_heads_window_again(plain, 
     prompt, other = [(7 * i) % 300 + 1 for i in range(150)], [(5 * i) % 300 + 2 for i in range(40)]
     eng = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=1, prompt_cache_mib=64)
     cold = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    store = eng.engine.prefix_cache.store
     eng.generate(prompt, GREEDY)
     eng.generate(other, GREEDY)  # the slot moves prompt's entries to the store
     counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
+    hits = store.hit_tokens
+    eng.generate(prompt, SamplingParams(temperature=0, max_tokens=1))  # one token: no step drafts
+    assert store.hit_tokens - hits == len(prompt) - 1 and counts == [] and prefilled == []
+    eng.generate(other, GREEDY)  # prompt's entries go to the store again
+    counts.clear(), prefilled.clear()
+    hits = store.hit_tokens
     again = eng.generate(prompt, GREEDY)[0]
-    assert eng.engine.prefix_cache.store.hit_tokens == len(prompt) - 1
-    assert counts == [] and prefilled == [(len(prompt) - 1 - W, len(prompt) - 1)]
+    assert store.hit_tokens - hits == len(prompt) - 1
+    assert counts == [W] and prefilled == []
     ref = cold.generate(prompt, GREEDY)[0]
     assert again.token_ids == ref.token_ids
     assert again.stats["spec"]["accepted_tokens"] > 0

@@ -12,7 +12,9 @@ it drafted, so ``catch_up_cost`` leaves them out and the choice to draft is the 
 prompt longer than 2 PROMPT_WINDOW is fed as its chunks arrive (what is pending stays bounded). A finished
 request's state is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the
 head keeps the entries (and pending features) of the shared tokens, and only the positions the hit leaves are
-fed. A proposal feeds the pending entries (one verify's worth, or more after steps in which a chain chose
+fed; a hit with nothing kept (from the host prompt store) owes the head the PROMPT_WINDOW positions before it,
+recomputed by the target when the head first feeds (``_fill_gap``), so that only a request it drafts for
+pays. A proposal feeds the pending entries (one verify's worth, or more after steps in which a chain chose
 another drafter), then grows the tree (speculative/eagle_tree.py). Draft entries are written past ``fed`` and
 never committed: the next commit drops them, and the accepted tokens re-enter with the target's own features.
 Tokens are chosen deterministically (top-k), so the tree carries no draft distributions and the shared accept()
@@ -107,20 +109,24 @@ class EagleProposer(Proposer):
 
     @torch.inference_mode()
     def prefill(self, seq, start, end, hidden):
-        """Prompt features from the engine's prefill (positions start .. end - 1; none are recomputed,
-        except those of a prefix-cache hit before ``start``), kept pending for the first proposal."""
+        """Prompt features from the engine's prefill (positions start .. end - 1), kept pending for the
+        first proposal; the window before ``start`` that a prefix-cache hit left (``prefill_start``) is
+        recomputed only when they are fed."""
         st = self._state(seq)
         st.add_features(start, self.head.features(*hidden))
-        self._fill_gap(seq, st, end)
         if st.feats is not None and len(st.feats) > 2 * PROMPT_WINDOW:  # a long prompt: fed as it comes
+            self._fill_gap(seq, st, end)
             self._feed_pending([seq], [st])
 
     def prefill_start(self, seq, cached):
-        """After a prefix-cache hit: the first of the ``cached`` positions whose features the head lacks.
-        A kept state lacks at least the last shared position (its entry pairs it with the next token,
-        which the new prompt may change); a new state starts PROMPT_WINDOW positions back, as
-        ``_fill_gap`` would. The engine's prefill then hands them over, and ``_fill_gap`` finds nothing
-        to recompute."""
+        """After a prefix-cache hit: the first of the ``cached`` positions whose features the engine's
+        prefill must hand over. A kept state lacks at least the last shared position (its entry pairs
+        it with the next token, which the new prompt may change): the prefill starts there. With nothing
+        kept (the hit came from the host prompt store) the head's entries start PROMPT_WINDOW positions
+        back, but the prefill starts after the hit: the window's features are owed, like the prompt's,
+        and ``_fill_gap`` recomputes them when the head first feeds, so a request the head never drafts
+        for (a full batch, a chain that chooses another drafter) keeps the whole hit, and one it drafts
+        for pays what a cold start's prefill would have."""
         st = self._state(seq)
         have = st.base + st.fed
         if st.feats is not None and st.fstart <= have:
@@ -128,7 +134,8 @@ class EagleProposer(Proposer):
         if have >= cached:
             return cached
         if st.fed == 0 and st.feats is None:  # nothing kept: the head's entries start at the window
-            st.base = have = max(0, cached - PROMPT_WINDOW)
+            st.base = max(0, cached - PROMPT_WINDOW)
+            return cached
         return have
 
     @torch.inference_mode()
