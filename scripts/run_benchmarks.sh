@@ -1495,3 +1495,5 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1
 # against owed to its first feed (90aa727's rule, patched onto one engine's proposer), the repeated tasks at c = 1 (one
 # at a time, 8 slots) and c = 4 (all 12 queued on 4 slots), two repetitions in turns; none against auto on the first 16
 # Spec-Bench prompts one at a time on 8 slots, in turns.
+# the owed window (90aa727, reverted in ce5dbf7, restored in df85362): two more repetitions of the same probe at c = 1
+# (the gate's lost windows counted) and two at c = 4
