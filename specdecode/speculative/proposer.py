@@ -59,7 +59,9 @@ class Proposer:
       already in the target's cache (a prefix-cache hit); the first position whose hidden states the
       proposer still needs (<= cached). The engine prefills again from there, so those states come
       from the prefill's own forward (with the rest of the prompt) instead of a one-off target
-      forward of the drafter's; the positions it recomputes get the keys and values they hold.
+      forward of the drafter's; the positions it recomputes get the keys and values they hold. A
+      drafter may instead return ``cached`` and owe such states to its first draft, recomputing them
+      then (an EAGLE head after a host-store hit: a request it never drafts for never pays).
     - ``share(seq, donor, n)``: a request admitted cold, before any prefill, takes the target's KV
       of its first ``n`` prompt positions from ``donor``, a running request with the same ones; as
       ``prefill_start``, the first position whose states the drafter still needs (<= n). A drafter
