@@ -1497,3 +1497,5 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1
 # Spec-Bench prompts one at a time on 8 slots, in turns.
 # the owed window (90aa727, reverted in ce5dbf7, restored in df85362): two more repetitions of the same probe at c = 1
 # (the gate's lost windows counted) and two at c = 4
+python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl \
+  --concurrency 1,4 --requests 12 --max-tokens 128 --rounds 2 --json-out out/r45_serve_repeated_after.json
