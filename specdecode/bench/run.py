@@ -96,6 +96,12 @@ def build_llms(engine_cfg: EngineConfig, specs: list[tuple[str, SpecConfig]]) ->
     return llms
 
 
+def in_turns(items: list, i: int) -> list:
+    """``items`` in their order for an even ``i`` (a prompt, a round), reversed for an odd one (ABBA):
+    whatever running second gains or loses from the run before it falls on each configuration alike."""
+    return items if i % 2 == 0 else items[::-1]
+
+
 def bench_llms(llms: dict[str, LLM], prompts: list[Prompt], params: SamplingParams, progress: bool = True,
                warmup: bool = True, on_prompt: Callable[[list[dict]], None] | None = None,
                turns: int | None = None) -> list[dict]:
@@ -111,9 +117,7 @@ def bench_llms(llms: dict[str, LLM], prompts: list[Prompt], params: SamplingPara
                          replace(params, max_tokens=8))
     records = []
     for i, p in enumerate(tqdm(prompts, desc="bench", unit="prompt", disable=not progress)):
-        # the order reverses every other prompt (ABBA): whatever the configuration run second on a
-        # prompt gains or loses from the one before it falls on each configuration alike
-        for label, llm in (list(llms.items()) if i % 2 == 0 else list(llms.items())[::-1]):
+        for label, llm in in_turns(list(llms.items()), i):
             messages: list[dict] = []
             for turn, text in enumerate(p.turns[:turns]):
                 messages.append({"role": "user", "content": text})

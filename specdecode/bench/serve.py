@@ -172,6 +172,7 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
 
     from ..server.app import create_app
     from ..server.background import BackgroundServer
+    from .run import in_turns
 
     if rounds < 1:
         raise SpecDecodeError(f"--rounds must be >= 1, got {rounds}")
@@ -179,7 +180,7 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
     records = []
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as client:  # the module doc says why
         for r in range(rounds):
-            for label, factory in (engines if r % 2 == 0 else engines[::-1]):
+            for label, factory in in_turns(list(engines), r):
                 if progress:
                     print(f"{label}" + (f" (round {r + 1})" if rounds > 1 else "") + ":", file=sys.stderr)
                 for group in ([levels] if warm_levels else [[c] for c in levels]):
