@@ -678,9 +678,10 @@ def test_a_kept_state_that_never_drafted_keeps_its_pending_features(plain, monke
 
 def test_a_prefix_hit_without_a_kept_state_owes_the_head_its_window(plain, monkeypatch):
     """A prompt whose cached tokens come from the host prompt store (its slot served another prompt
-    since) finds no kept head state: the engine prefills nothing of the hit again, and the head's
-    first proposal recomputes the last PROMPT_WINDOW cached positions in one target forward of its
-    own; the output is a cold start's. A request the head never drafts for recomputes nothing."""
+    since) with no head state beside them (here the head stashes none): the engine prefills nothing of
+    the hit again, and the head's first proposal recomputes the last PROMPT_WINDOW cached positions in
+    one target forward of its own; the output is a cold start's. A request the head never drafts for
+    recomputes nothing."""
     import specdecode.speculative.eagle as eagle
     from specdecode.sampling_params import SamplingParams
 
@@ -690,6 +691,7 @@ def test_a_prefix_hit_without_a_kept_state_owes_the_head_its_window(plain, monke
     prompt, other = [(7 * i) % 300 + 1 for i in range(150)], [(5 * i) % 300 + 2 for i in range(40)]
     eng = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=1, prompt_cache_mib=64)
     cold = llm(m, "eagle3", forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    monkeypatch.setattr(eng.engine.proposer, "stash", lambda slot: None)
     store = eng.engine.prefix_cache.store
     eng.generate(prompt, GREEDY)
     eng.generate(other, GREEDY)  # the slot moves prompt's entries to the store
@@ -706,6 +708,37 @@ def test_a_prefix_hit_without_a_kept_state_owes_the_head_its_window(plain, monke
     ref = cold.generate(prompt, GREEDY)[0]
     assert again.token_ids == ref.token_ids
     assert again.stats["spec"]["accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("spec_type,drafted", [("eagle3", True), ("eagle3", False), ("ngram,eagle3", True)])
+def test_a_prompt_store_hit_resumes_the_heads_stashed_state(plain, monkeypatch, spec_type, drafted):
+    """A slot's tokens that move to the host prompt store take the head's state for them along (its
+    entries' keys and values, its pending features; the store counts their bytes). A later hit from
+    the store resumes that state as a kept one after a slot's hit: the head never runs the target
+    itself, and the engine prefills again only the hit's last position (nothing, where the head never
+    drafted: pending features need no next token). Output and drafts are a cold start's, alone and in
+    a chain."""
+    m = target(bigram=True)
+    prompt, other = [(7 * i) % 300 + 1 for i in range(150)], [(5 * i) % 300 + 2 for i in range(40)]
+    eng = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), max_num_seqs=1, prompt_cache_mib=64)
+    cold = llm(m, spec_type, forced_head(m, noise=0.3), (3, 1, 4), enable_prefix_caching=False)
+    e = eng.engine
+    store, drafting = e.prefix_cache.store, e._draft_lengths
+    if not drafted:
+        monkeypatch.setattr(e, "_draft_lengths", lambda seqs, merged=False: [0] * len(seqs))
+    eng.generate(prompt, GREEDY)
+    monkeypatch.setattr(e, "_draft_lengths", drafting)
+    eng.generate(other, GREEDY)  # the slot moves prompt's tokens, KV and head state to the store
+    (_, k, v, stash), = store._entries.values()
+    assert stash is not None and store.bytes == k.nbytes + v.nbytes + stash.nbytes
+    counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, eng)
+    hits = store.hit_tokens
+    again = eng.generate(prompt, GREEDY)[0]
+    assert store.hit_tokens - hits == len(prompt) - 1
+    assert counts == [] and prefilled == ([(len(prompt) - 2, len(prompt) - 1)] if drafted else [])
+    ref = cold.generate(prompt, GREEDY)[0]
+    assert again.token_ids == ref.token_ids
+    assert again.stats["spec"]["accepted_tokens"] == ref.stats["spec"]["accepted_tokens"] > 0
 
 
 @pytest.mark.parametrize("spec_type", ["eagle3", "ngram,eagle3"])

@@ -7,6 +7,7 @@ from specdecode import SamplingParams
 from specdecode.runtime.kv_cache import KVCache
 from specdecode.engine.prefix_cache import PrefixCache, common_prefix_len
 from specdecode.engine.prompt_store import PromptStore
+from specdecode.speculative.proposer import Proposer, Stash
 from tiny_models import tiny_llm
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -200,15 +201,15 @@ def test_calibration_slot_is_not_reused():
 def test_slot_order_and_bookkeeping():
     kv = KVCache(1, 3, 32, 1, 4, torch.float32)
     pc = PrefixCache(kv)
-    slot, reused, kept = pc.allocate([1, 2, 3])
+    slot, reused, kept, _ = pc.allocate([1, 2, 3])
     assert (slot, reused, kept) == (0, 0, 0) and kv.free_slots == 2
     kv.set_length(slot, 5)
     pc.release(slot, [1, 2, 3, 4])  # committed entries beyond the tokens are not trusted
     kv.free(slot)
     assert pc.cached[0] == [1, 2, 3, 4]
-    assert pc.allocate([9]) == (1, 0, 0)  # a miss takes a never-used slot before a cached one
-    assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4, 4) and kv.lengths[0] == 4
-    assert pc.allocate([1, 2]) == (2, 0, 0)
+    assert pc.allocate([9]) == (1, 0, 0, None)  # a miss takes a never-used slot before a cached one
+    assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4, 4, None) and kv.lengths[0] == 4
+    assert pc.allocate([1, 2]) == (2, 0, 0, None)
     assert common_prefix_len([1, 2, 3], [1, 2]) == 2 and common_prefix_len([], [1]) == 0
 
 
@@ -226,34 +227,43 @@ def test_prompt_store_keeps_the_longest_and_evicts_the_oldest():
     store.add([1, 2, 3, 4], *_kv(4, 2))  # holds [1, 2, 3] whole: replaces it
     assert len(store) == 1 and store.bytes == 4 * per_token
     key, n = store.match([1, 2, 3, 4, 5])
-    k, v = store.take(key, n)
+    k, v, stash = store.take(key, n)
     assert n == 4 and k.shape == (2, 1, 4, 4) and float(k[0, 0, 0, 0]) == 2 and store.hit_tokens == 4
-    store.add([5, 6, 7, 8], *_kv(4, 3))
-    store.add([6, 6, 6], *_kv(3, 4))  # 11 tokens' worth: the least recently used entry goes
+    assert stash is None
+    store.add([5, 6, 7, 8], *_kv(4, 3), Stash("a drafter's state", per_token))  # its bytes count
+    store.add([6, 6, 6], *_kv(3, 4))  # 12 tokens' worth: the least recently used entry goes
     assert store.match([1, 2, 3, 4]) == (-1, 0) and store.match([5, 6, 7])[1] == 3
-    assert store.bytes == 7 * per_token
+    assert store.bytes == 8 * per_token
+    assert store.take(*store.match([5, 6, 7]))[2] == Stash("a drafter's state", per_token)
     store.add(list(range(11)), *_kv(11, 5))  # larger than the whole budget: not kept
-    assert store.bytes == 7 * per_token
+    assert store.bytes == 8 * per_token
 
 
 def test_prefix_cache_spills_a_slot_to_the_store_before_overwriting_it():
+    """A slot's tokens go to the store with the drafter's stash of the state it kept for them, which
+    comes back with a store hit."""
+
+    class Stashing(Proposer):
+        def stash(self, slot):
+            return Stash(("kept under", slot), 8)
+
     kv = KVCache(2, 1, 32, 1, 4, torch.float32)
     pc = PrefixCache(kv, PromptStore(2**20))
-    slot, _, _ = pc.allocate([1, 2, 3, 4])
+    slot, *_ = pc.allocate([1, 2, 3, 4])
     kv.write(0, *[torch.arange(16.).reshape(1, 1, 4, 4)] * 2, [slot], [0], [4], 4)
     kv.write(1, *[torch.arange(16.).reshape(1, 1, 4, 4) + 100] * 2, [slot], [0], [4], 4)
     kv.set_length(slot, 4)
     saved = kv.k[:, slot, :, :4].clone()
     pc.release(slot, [1, 2, 3, 4])
     kv.free(slot)
-    assert pc.allocate([1, 2, 9]) == (0, 2, 2)  # the slot serves 2 tokens and is then overwritten...
+    assert pc.allocate([1, 2, 9], Stashing()) == (0, 2, 2, None)  # the slot serves 2 tokens, then is overwritten...
     assert pc.store.match([1, 2, 3, 4, 5])[1] == 4  # ...so its 4 tokens went to the store first
     kv.k[:, slot] = 0
     kv.set_length(slot, 3)
     pc.release(slot, [1, 2, 9])
     kv.free(slot)
     # the slot holds 2 of [1, 2, 3, 4, 5], the store 4: the store's entries come back, in place
-    assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4, 0)
+    assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4, 0, Stash(("kept under", 0), 8))
     assert torch.equal(kv.k[:, slot, :, :4], saved) and kv.lengths[slot] == 4
     assert pc.hit_tokens == 2 + 4 and pc.store.hit_tokens == 4
 

@@ -154,7 +154,10 @@ class Engine:
         while self.waiting and self.kv.free_slots:
             seq = self.waiting.popleft()
             if self.prefix_cache is not None:
-                seq.slot, seq.num_prefilled, seq.num_cached = self.prefix_cache.allocate(seq.prompt_ids)
+                seq.slot, seq.num_prefilled, seq.num_cached, stash = self.prefix_cache.allocate(seq.prompt_ids,
+                                                                                                self.proposer)
+                if stash is not None:  # a store hit: the drafter's state for those tokens came with them
+                    self.proposer.unstash(seq, stash)
                 if seq.num_prefilled:  # a drafter may need hidden states of cached positions: prefill them again
                     seq.num_prefilled = self.proposer.prefill_start(seq, seq.num_prefilled)
                     self.kv.set_length(seq.slot, seq.num_prefilled)

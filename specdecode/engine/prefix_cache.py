@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 
 from ..runtime.kv_cache import KVCache
+from ..speculative.proposer import Proposer, Stash
 from .prompt_store import PromptStore, common_prefix_len
 
 __all__ = ["PrefixCache", "common_prefix_len"]
@@ -33,30 +34,33 @@ class PrefixCache:
         self.prompt_tokens = 0  # prompt tokens looked up
         self.hit_tokens = 0  # prompt tokens whose prefill was skipped (from a slot or the store)
 
-    def allocate(self, prompt_ids: list[int]) -> tuple[int, int, int]:
-        """Takes a free slot for the prompt and returns (slot, reused, kept): the slot's committed
+    def allocate(self, prompt_ids: list[int], proposer: Proposer | None = None) -> tuple[int, int, int, Stash | None]:
+        """Takes a free slot for the prompt and returns (slot, reused, kept, stash): the slot's committed
         length is set to ``reused``, the prompt tokens whose KV it now holds; ``kept`` of them it held
         from its previous request (what a drafter's state kept with the slot may resume; 0 when they
-        came from the store). The slot is the free one sharing the longest prefix with the prompt
-        (ties and misses: the least recently used), unless the store holds a longer one: then the
-        least useful free slot takes the store's entries. At least the last prompt token is left out,
-        as it is the first draft root."""
+        came from the store, with the drafter's ``stash`` of its state for them, if any). The slot is
+        the free one sharing the longest prefix with the prompt (ties and misses: the least recently
+        used), unless the store holds a longer one: then the least useful free slot takes the store's
+        entries. At least the last prompt token is left out, as it is the first draft root. A slot's
+        tokens that go to the store take ``proposer``'s stash of the state it kept for them."""
         free = self.kv.free_slot_ids()[::-1]  # in the order plain allocation hands them out (ties go first)
         if not free:
-            return self.kv.allocate(), 0, 0  # raises the KV cache's own "no free slot" error
+            return self.kv.allocate(), 0, 0, None  # raises the KV cache's own "no free slot" error
         limit = len(prompt_ids) - 1
         matches = {s: min(common_prefix_len(self.cached.get(s, []), prompt_ids), limit) for s in free}
         slot = max(free, key=lambda s: (matches[s], -self._released_at.get(s, -1)))
         entry, from_store = self.store.match(prompt_ids) if self.store is not None else (-1, 0)
+        stash = None
         if min(from_store, limit) > matches[slot]:
             slot = min(free, key=lambda s: (matches[s], self._released_at.get(s, -1)))
-            self._spill(slot, 0)
+            self._spill(slot, 0, proposer)
             self.kv.allocate(slot)
             reused, kept = min(from_store, limit), 0
-            self.kv.load(slot, *self.store.take(entry, reused))
+            k, v, stash = self.store.take(entry, reused)
+            self.kv.load(slot, k, v)
         else:
             reused = kept = matches[slot]
-            self._spill(slot, reused)
+            self._spill(slot, reused, proposer)
             self.kv.allocate(slot)
         self.cached.pop(slot, None)
         self.kv.set_length(slot, reused)
@@ -64,7 +68,7 @@ class PrefixCache:
         self.hits += reused > 0
         self.prompt_tokens += len(prompt_ids)
         self.hit_tokens += reused
-        return slot, reused, kept
+        return slot, reused, kept, stash
 
     def share(self, seq, running, proposer) -> int:
         """``seq`` took its slot cold (nothing of its prompt there) and is not prefilled yet: copies into
@@ -86,12 +90,13 @@ class PrefixCache:
             self.hit_tokens += n
         return n
 
-    def _spill(self, slot: int, keep: int) -> None:
+    def _spill(self, slot: int, keep: int, proposer: Proposer | None) -> None:
         """The free slot's entries past ``keep`` are about to be overwritten: its cached tokens go to
-        the store whole, if there is one."""
+        the store whole, if there is one, with the drafter's stash of the state it kept for them."""
         tokens = self.cached.get(slot)
         if self.store is not None and tokens and len(tokens) > keep:
-            self.store.add(tokens, *self.kv.read(slot, len(tokens)))
+            stash = proposer.stash(slot) if proposer is not None else None
+            self.store.add(tokens, *self.kv.read(slot, len(tokens)), stash)
 
     def release(self, slot: int, tokens: list[int]) -> None:
         """Called just before ``kv.free(slot)``: remembers which tokens the slot's KV holds. Entries

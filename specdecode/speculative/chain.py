@@ -37,7 +37,7 @@ from typing import Callable
 
 from .chain_state import ChainState, MemberView, identity, reach, union_reach
 from .controller import CLASS_FADE, AcceptanceEstimate, catch_up_share
-from .proposer import Proposer
+from .proposer import Proposer, Stash
 from .tree import DraftTree
 
 
@@ -260,6 +260,18 @@ class ChainProposer(Proposer):
 
     def share(self, seq, donor, n):
         return min(m.share(self._view(seq, i), self._view(donor, i), n) for i, m in enumerate(self.members))
+
+    def stash(self, slot):
+        """Each member's stash of the state it kept under ``slot`` (None where it kept none)."""
+        parts = [m.stash(slot) for m in self.members]
+        if not any(parts):
+            return None
+        return Stash(parts, sum(p.nbytes for p in parts if p is not None))
+
+    def unstash(self, seq, stash):
+        for i, (m, part) in enumerate(zip(self.members, stash.state)):
+            if part is not None:
+                m.unstash(self._view(seq, i), part)
 
     def commit(self, seq, num_accepted, hidden):
         st = self._st(seq)

@@ -12,11 +12,13 @@ it drafted, so ``catch_up_cost`` leaves them out and the choice to draft is the 
 prompt longer than 2 PROMPT_WINDOW is fed as its chunks arrive (what is pending stays bounded). A finished
 request's state is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the
 head keeps the entries (and pending features) of the shared tokens, and only the positions the hit leaves are
-fed; a hit with nothing kept (from the host prompt store) owes the head the PROMPT_WINDOW positions before it,
-recomputed by the target when the head first feeds (``_fill_gap``), so that only a request it drafts for
-pays. A proposal feeds the pending entries (one verify's worth, or more after steps in which a chain chose
-another drafter), then grows the tree (speculative/eagle_tree.py). Draft entries are written past ``fed`` and
-never committed: the next commit drops them, and the accepted tokens re-enter with the target's own features.
+fed. A slot's tokens that move to the host prompt store take a copy of that state with them (``stash``), and a
+hit from the store resumes it alike (``unstash``); a hit with nothing kept owes the head the PROMPT_WINDOW
+positions before it, recomputed by the target when the head first feeds (``_fill_gap``), so that only a
+request it drafts for pays. A proposal feeds the pending entries (one verify's worth, or more after steps in
+which a chain chose another drafter), then grows the tree (speculative/eagle_tree.py). Draft entries are
+written past ``fed`` and never committed: the next commit drops them, and the accepted tokens re-enter with the
+target's own features.
 Tokens are chosen deterministically (top-k), so the tree carries no draft distributions and the shared accept()
 is exact at any temperature (a deterministic draft is the one-hot q)."""
 from __future__ import annotations
@@ -37,7 +39,7 @@ from .eagle_cost import entry_cost, level_cost
 from .eagle_state import HeadState
 from .eagle_tree import grow, select
 from .kept import KeptStates
-from .proposer import Proposer
+from .proposer import Proposer, Stash
 from .tree import DraftTree
 
 PROMPT_WINDOW = 256  # prompt positions whose target features are recomputed when none were captured;
@@ -122,7 +124,7 @@ class EagleProposer(Proposer):
         """After a prefix-cache hit: the first of the ``cached`` positions whose features the engine's
         prefill must hand over. A kept state lacks at least the last shared position (its entry pairs
         it with the next token, which the new prompt may change): the prefill starts there. With nothing
-        kept (the hit came from the host prompt store) the head's entries start PROMPT_WINDOW positions
+        kept (a store hit whose entry came without a stash) the head's entries start PROMPT_WINDOW positions
         back, but the prefill starts after the hit: the window's features are owed, like the prompt's,
         and ``_fill_gap`` recomputes them when the head first feeds, so a request the head never drafts
         for (a full batch, a chain that chooses another drafter) keeps the whole hit, and one it drafts
@@ -180,6 +182,34 @@ class EagleProposer(Proposer):
     def release(self, seq):
         self._kept.keep(seq, seq.draft_state)
         seq.draft_state = None
+
+    @torch.inference_mode()
+    def stash(self, slot):
+        """A host copy of the state kept under target slot ``slot``: its entries' keys and values (one
+        layer's: for the 1.5B's head in float32 2 KB a position, against the target's 28 KB), its pending
+        features and ``last``."""
+        st = self._kept.peek(slot)
+        if st is None or (st.fed == 0 and st.feats is None):
+            return None
+        k, v = self.kv.read(st.slot, st.fed)  # [1, Hkv, fed, D] each
+        feats = None if st.feats is None else st.feats.to("cpu", copy=True)
+        last = None if st.last is None else st.last.to("cpu", copy=True)
+        nbytes = sum(t.numel() * t.element_size() for t in (k, v, feats, last) if t is not None)
+        return Stash((HeadState(-1, st.base, st.fed, feats, st.fstart, last), k, v), nbytes)
+
+    @torch.inference_mode()
+    def unstash(self, seq, stash):
+        """Resumes a stashed state in a slot of its own, cut back to the positions the store hit covers
+        as a kept state is (``_resume``): the head then needs at most the hit's last position again,
+        not a window of target forwards (``_fill_gap``). The stash stays the store's: copied, not taken."""
+        old, k, v = stash.state
+        st = self._state(seq)  # fresh: a store hit reuses none of the tokens the slot kept
+        dev = self.head.device
+        st.base, st.fed, st.fstart = old.base, old.fed, old.fstart
+        st.feats = None if old.feats is None else old.feats.to(dev, copy=True)
+        st.last = None if old.last is None else old.last.to(dev, copy=True)
+        self.kv.load(st.slot, k, v)
+        seq.draft_state = self._resume(st, seq.num_prefilled)
 
     def _fill_gap(self, seq, st: HeadState, end: int) -> None:
         """Recomputes target features for positions before ``end`` (in the target's cache) that the

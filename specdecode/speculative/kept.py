@@ -11,7 +11,8 @@ Invariant: ``kept[s]`` is the state of the last request released from target slo
 replaces it, with None when that request never made a state), and that is the request whose tokens
 the prefix cache matched for slot s. Kept states hold drafter cache slots; a drafter's cache has one
 slot per target slot plus a scratch slot, and each target slot holds at most one state (its running
-request's or its kept one), so neither ever runs out."""
+request's or its kept one), so neither ever runs out. When the prefix cache moves a slot's tokens to the
+host prompt store, the drafter may copy the state kept under it there too (``Proposer.stash``)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -29,6 +30,10 @@ class KeptStates:
             self._free(old)
         if state is not None:
             self._kept[seq.slot] = state
+
+    def peek(self, slot: int) -> Any | None:
+        """The state kept under target slot ``slot`` (left in place), or None."""
+        return self._kept.get(slot)
 
     def take(self, seq) -> Any | None:
         """The state kept under ``seq``'s target slot when ``seq`` reuses some of its tokens (the caller

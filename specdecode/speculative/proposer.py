@@ -1,6 +1,7 @@
 """The one interface every drafter implements (none, draft model, n-gram, EAGLE, MTP), and what it sees."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -33,6 +34,15 @@ class SeqView(Protocol):
 
 # (final normed states [r, H], {layer: output [r, H]} for capture_layers) of r target positions.
 Hidden = tuple[torch.Tensor, dict[int, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class Stash:
+    """A drafter's state for one finished request, copied to host memory (``Proposer.stash``): what the
+    prompt store holds beside that request's KV, its ``nbytes`` counted in the store's budget."""
+
+    state: Any
+    nbytes: int
 
 
 class Proposer:
@@ -68,6 +78,13 @@ class Proposer:
       may copy what its state for ``donor`` holds of those positions (the default copies nothing).
     - ``release(seq)`` frees per-sequence state when the sequence finishes (a drafter with its own
       cache may keep it for the slot's next request instead: speculative/kept.py).
+    - ``stash(slot)``: the engine's prompt store is about to take the tokens and KV that target slot
+      ``slot`` kept from its last request (its slot serves another prompt now); a ``Stash``, a host
+      copy of the state the drafter kept for that request, travels with them, or None (the default:
+      nothing kept; the drafter then starts a later store hit as ``prefill_start`` says). ``unstash(seq,
+      stash)``: ``seq`` was admitted with its first ``seq.num_prefilled`` prompt positions taken from
+      that store entry; its state starts from the copy, cut back to those positions as a kept state is
+      after a slot's prefix hit. Called before ``prefill_start``, which then sees that state.
     - ``draft_cost(n_seqs)``: measured seconds per drafting unit for a batch of n_seqs (0 for free
       drafters); the draft-length controller weighs it against the target's verify cost.
       ``catch_up_cost(seqs)``: seconds a draft for these sequences would spend once before drafting,
@@ -124,6 +141,12 @@ class Proposer:
         return self.prefill_start(seq, n)
 
     def release(self, seq: SeqView) -> None:
+        pass
+
+    def stash(self, slot: int) -> Stash | None:
+        return None
+
+    def unstash(self, seq: SeqView, stash: Stash) -> None:
         pass
 
     def draft_cost(self, n_seqs: int = 1) -> float:
