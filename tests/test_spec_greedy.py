@@ -86,6 +86,31 @@ def test_draft_model_ingests_the_prompt_during_prefill():
     assert fed[0] == (True, [1])
 
 
+def test_draft_model_resumes_its_entries_with_a_prompt_store_hit():
+    """A prompt whose KV comes back from the host prompt store (its slot served another prompt since)
+    brings the draft's entries of it along (``Proposer.stash``): the draft feeds the root, never the
+    prompt again; the output is plain greedy."""
+    llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=3, max_num_seqs=1, prompt_cache_mib=64)
+    prop = llm.engine.proposer
+    fed = []
+    real = prop.runner.forward
+
+    def spy(slots, tokens, *a, **kw):
+        fed.append((kw.get("logits", True), [len(t) for t in tokens]))
+        return real(slots, tokens, *a, **kw)
+
+    prop.runner.forward = spy
+    prompt, other = list(range(5, 45)), list(range(100, 130))
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    first = llm.generate(prompt, params)[0]
+    llm.generate(other, params)  # the slot moves prompt's KV and the draft's entries to the store
+    fed.clear()
+    again = llm.generate(prompt, params)[0]
+    assert llm.engine.prefix_cache.store.hit_tokens == len(prompt) - 1
+    assert fed[0] == (True, [1])
+    assert again.token_ids == first.token_ids == tiny_llm().generate(prompt, params)[0].token_ids
+
+
 @pytest.mark.integration
 def test_smollm2_quantized_greedy_identical_for_every_proposer():
     """On the real SmolLM2 GGUF in its default low-bit form (native int4/int8 kernels), greedy

@@ -15,8 +15,9 @@ acceptance but never the output's correctness (the target verifies every draft).
 
 A finished request's state is kept for its target slot's next request (speculative/kept.py): after
 a prefix-cache hit the draft keeps its entries of the shared tokens (up to its first skip) and
-prefills only the rest. A prompt that shares a running request's prefix (``share``) copies that
-request's entries of it the same way.
+prefills only the rest; a slot's tokens that move to the host prompt store take a copy of those entries
+along (``stash``), which a hit from the store resumes alike. A prompt that shares a running request's
+prefix (``share``) copies that request's entries of it the same way.
 
 Draft vocabulary (``--draft-vocab auto``): when the target has an EAGLE-3 head (``--spec-head`` or
 bundled), the draft's LM head keeps only the rows of that head's draft vocabulary, the target's most
@@ -38,7 +39,7 @@ from ..runtime.model_runner import ModelRunner
 from ..runtime.target import Target
 from .controller import DraftCost
 from .kept import KeptStates
-from .proposer import Proposer, extend_chain
+from .proposer import Proposer, Stash, extend_chain
 from .tree import DraftTree
 
 CATCH_UP = 4  # most pending tokens fed when drafting resumes (~1.4x a one-token draft forward)
@@ -203,6 +204,26 @@ class DraftModelProposer(Proposer):
     def release(self, seq):
         self._kept.keep(seq, seq.draft_state)
         seq.draft_state = None
+
+    def stash(self, slot):
+        """A host copy of the entries the state kept under target slot ``slot`` holds at their true
+        positions (up to its first skip): k, v [layers, Hkv, n, D]."""
+        st = self._kept.peek(slot)
+        n = 0 if st is None else min(st.length, st.exact, self.kv.lengths[st.slot])
+        if n == 0:
+            return None
+        k, v = self.kv.read(st.slot, n)
+        return Stash((k, v), k.nbytes + v.nbytes)
+
+    def unstash(self, seq, stash):
+        """The stashed entries of the positions the store hit covers, in a fresh slot: the draft then
+        prefills only the rest of the prompt, as after a slot's hit."""
+        k, v = stash.state
+        st = self._state(seq)  # fresh: a store hit reuses none of the tokens the slot kept
+        n = min(k.shape[2], seq.num_prefilled)
+        self.kv.load(st.slot, k[:, :, :n], v[:, :, :n])
+        self.kv.set_length(st.slot, n)
+        st.length = n
 
     @property
     def max_tokens(self) -> int:
