@@ -90,7 +90,7 @@ def test_multi_turn_prompts_run_as_conversations():
 def test_turns_flag():
     import argparse
 
-    from specdecode.bench.cli import _turns
+    from specdecode.bench.prompts import parse_turns as _turns
 
     assert _turns("all") is None and _turns("2") == 2
     for bad in ("0", "-1", "two"):

@@ -308,6 +308,19 @@ def test_bench_serve(server, tmp_path, monkeypatch):
     assert main(args + ["--rounds", "2", "--json-out", str(out)]) == 0 and len(resets) == 2 + 4
     data = json.loads(out.read_text())
     assert data["results"][MODEL]["2"]["rounds"] == 2 and len(data["records"]) == 2 * (2 + 4)
+    conv = tmp_path / "c.jsonl"  # two-turn conversations: an answer goes back in its next turn's history
+    conv.write_text("\n".join(json.dumps({"turns": [p, "and then?"]}) for p in PROMPTS[:2]))
+    sent = []
+    add = server.engine.add_request
+    monkeypatch.setattr(server.engine, "add_request", lambda ids, params: sent.append(add(ids, params)) or sent[-1])
+    assert main(["bench-serve", "--url", server.url, "--api-key", KEY, "--prompts", str(conv), "--concurrency", "1",
+                 "--requests", "2", "--max-tokens", "6", "--turns", "all", "--json-out", str(out)]) == 0
+    monkeypatch.setattr(server.engine, "add_request", add)
+    assert [r["turn"] for r in json.loads(out.read_text())["records"]] == [0, 0, 1, 1]  # turn by turn
+    first, second = sent[-4:-2], sent[-2:]  # (after the warm-up request)
+    for a, b in zip(first, second):
+        n = len(a.output_ids)
+        assert n > 0 and any(b.prompt_ids[i:i + n] == a.output_ids for i in range(len(b.prompt_ids)))
     seen = []  # the sampling filters reach the engine with every request
     add = server.engine.add_request
     monkeypatch.setattr(server.engine, "add_request", lambda ids, params: seen.append(params) or add(ids, params))

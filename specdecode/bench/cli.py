@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from ..args import add_filter_args, add_model_args, add_spec_args, engine_config, spec_config
-from .prompts import DEFAULT_PROMPTS, load_prompts
+from .prompts import DEFAULT_PROMPTS, load_prompts, parse_turns
 
 
 def add_bench_parser(sub) -> None:
@@ -18,7 +18,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL: Spec-Bench format or {'prompt': ...}")
     b.add_argument("--category", action="append", help="keep these categories (repeatable; mt_bench = MT-bench's 8)")
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each category")
-    b.add_argument("--turns", type=_turns, default=None, metavar="N|all",
+    b.add_argument("--turns", type=parse_turns, default=None, metavar="N|all",
                    help="user turns per prompt: all (default; MT-bench's two, run as a conversation, as "
                         "Spec-Bench does) or the first N")
     b.add_argument("--max-tokens", type=int, default=128)
@@ -30,13 +30,6 @@ def add_bench_parser(sub) -> None:
     b.set_defaults(func=cmd_bench)
 
 
-def _turns(text: str) -> int | None:
-    """--turns: 'all' -> None, else a positive count."""
-    if text == "all":
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected 'all' or a positive number of turns, got {text!r}")
-    return int(text)
 
 
 def cmd_bench(a: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 questions have two turns; ``bench`` runs them as Spec-Bench does (bench/run.py)."""
 from __future__ import annotations
 
+import argparse
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,3 +64,12 @@ def load_prompts(path: str | Path, categories: list[str] | None = None, limit: i
     if not out:
         raise SpecDecodeError(f"no prompts selected from {path} (categories: {categories})")
     return out
+
+
+def parse_turns(text: str) -> int | None:
+    """--turns: 'all' -> None, else a positive count."""
+    if text == "all":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected 'all' or a positive number of turns, got {text!r}")
+    return int(text)

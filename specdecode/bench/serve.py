@@ -3,7 +3,8 @@
 Drives a running server (``--url``) or, per configuration of ``--spec-types``, starts one in this
 process on 127.0.0.1 (target weights loaded once and shared) and drives it from a child process.
 Each concurrency level sends the prompt set as streamed chat requests, ``c`` at a time, starting cold
-(a fresh engine, or the running server's prefix cache reset), and reports request throughput, output
+(a fresh engine, or the running server's prefix cache reset); with ``--turns`` each prompt is a
+conversation of its user turns, turn by turn (``run_level``). A level reports request throughput, output
 tok/s, time to first token, inter-token latency (the gap between streamed chunks: with speculation one
 chunk can carry several tokens) and time per output token, p50 / p99 (and the longest inter-token
 wait), and τ from the servers' per-request ``spec`` figures.
@@ -26,7 +27,7 @@ from dataclasses import replace
 from ..args import (add_filter_args, add_model_args, add_prefill_args, add_prefix_cache_args, add_spec_args,
                     engine_config, spec_config)
 from ..errors import SpecDecodeError
-from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts
+from .prompts import DEFAULT_PROMPTS, Prompt, load_prompts, parse_turns
 from .serve_report import add_round, combine_rounds, format_table, plot, summarize_level
 
 _SSE_EOL = re.compile(r"\r\n|\r|\n")
@@ -42,10 +43,15 @@ def add_bench_serve_parser(sub) -> None:
     b.add_argument("--spec-types", default="none,ngram",
                    help="in-process configurations, compared with the first (settings as in bench: draft(draft_max=4))")
     b.add_argument("--concurrency", default="1,2,4,8")
-    b.add_argument("--requests", type=int, default=16, help="requests per level (at least 2x the concurrency)")
+    b.add_argument("--requests", type=int, default=16,
+                   help="requests per level (at least 2x the concurrency); conversations with --turns")
     b.add_argument("--prompts", default=DEFAULT_PROMPTS, help="JSONL: Spec-Bench format or {'prompt': ...}")
     b.add_argument("--category", action="append")
     b.add_argument("--limit", type=int, default=None, help="first N prompts of each category")
+    b.add_argument("--turns", type=parse_turns, default=1, metavar="N|all",
+                   help="user turns per prompt (default 1): with more, each prompt is a conversation, its answers "
+                        "in the history of its next turn, sent once every conversation of the level has its "
+                        "answer to the turn before (users who reply after the others were served)")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--temperature", type=float, default=0.0)
     add_filter_args(b)
@@ -81,7 +87,7 @@ async def _sse_lines(r):
 
 async def _request(client, url: str, payload: dict) -> dict:
     t0 = time.perf_counter()
-    chunks, use, spec = [], None, None
+    chunks, text, use, spec = [], [], None, None
     async with client.stream("POST", f"{url}/v1/chat/completions", json=payload) as r:
         if r.status_code != 200:
             raise SpecDecodeError(f"server answered {r.status_code}: {(await r.aread()).decode()[:200]}")
@@ -93,34 +99,46 @@ async def _request(client, url: str, payload: dict) -> dict:
                 raise SpecDecodeError(f"server error: {obj['error'].get('message')}")
             if obj.get("usage"):
                 use, spec = obj["usage"], obj.get("spec")
-            if any(c.get("delta", {}).get("content") for c in obj["choices"]):
+            delta = "".join(c.get("delta", {}).get("content") or "" for c in obj["choices"])
+            if delta:
                 chunks.append(time.perf_counter())
+                text.append(delta)
     end = time.perf_counter()
     return {"ttft_s": (chunks[0] - t0) if chunks else end - t0, "e2e_s": end - t0,
             "itl_s": [b - a for a, b in zip(chunks, chunks[1:])],
             "prompt_tokens": use["prompt_tokens"] if use else 0,
-            "completion_tokens": use["completion_tokens"] if use else 0, "spec": spec or {}}
+            "completion_tokens": use["completion_tokens"] if use else 0, "spec": spec or {}, "text": "".join(text)}
 
 
 async def run_level(url: str, model: str, prompts: list[Prompt], concurrency: int, n: int, params: dict,
-                    api_key: str | None = None) -> tuple[list[dict], float]:
-    """``n`` requests (prompts in turn), ``concurrency`` in flight; returns (records, wall seconds)."""
+                    api_key: str | None = None, turns: int | None = 1) -> tuple[list[dict], float]:
+    """``n`` conversations (prompts in turn) of their prompt's first ``turns`` user turns (None: all;
+    1: single requests), ``concurrency`` requests in flight; returns (records, wall seconds). Turn by
+    turn: a conversation's turn t goes out, its earlier turns and answers as history, once every
+    conversation has its answer to turn t - 1, as users who reply after the others were served (with
+    more conversations than the server's slots, a next turn's history has left its slot by then)."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    todo = iter(range(n))
+    convs = [prompts[i % len(prompts)] for i in range(n)]
+    history: list[list[dict]] = [[] for _ in convs]
     records: list[dict] = []
 
-    async def client_loop(client):
+    async def client_loop(client, todo, t):
         for i in todo:
-            payload = {"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)].text}],
-                       "stream": True, "stream_options": {"include_usage": True}, **params}
-            records.append({"prompt": prompts[i % len(prompts)].id, **await _request(client, url, payload)})
+            history[i].append({"role": "user", "content": convs[i].turns[t]})
+            payload = {"model": model, "messages": list(history[i]), "stream": True,
+                       "stream_options": {"include_usage": True}, **params}
+            rec = await _request(client, url, payload)
+            history[i].append({"role": "assistant", "content": rec.pop("text")})
+            records.append({"prompt": convs[i].id, **({"turn": t} if turns != 1 else {}), **rec})
 
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(timeout=None, headers=headers, limits=limits) as client:
         t0 = time.perf_counter()
-        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
+        for t in range(max(len(p.turns) for p in convs) if turns is None else turns):
+            todo = iter([i for i, p in enumerate(convs) if t < len(p.turns)])
+            await asyncio.gather(*(client_loop(client, todo, t) for _ in range(concurrency)))
         return records, time.perf_counter() - t0
 
 
@@ -139,9 +157,11 @@ async def reset_prefix_cache(url: str, api_key: str | None = None) -> bool:
 
 
 async def bench_url(url: str, model: str, prompts: list[Prompt], levels: list[int], n: int, params: dict,
-                    api_key: str | None = None, progress: bool = False, reset: bool = False) -> tuple[dict, list[dict]]:
+                    api_key: str | None = None, progress: bool = False, reset: bool = False,
+                    turns: int | None = 1) -> tuple[dict, list[dict]]:
     """{concurrency: summary} and the per-request records, after one short warm-up request. ``reset``:
-    the server's prefix cache is emptied before each level, whose prompts an earlier level asked."""
+    the server's prefix cache is emptied before each level, whose prompts an earlier level asked.
+    ``turns``: as ``run_level``'s."""
     await run_level(url, model, prompts, 1, 1, {**params, "max_tokens": 8}, api_key)
     summary, records = {}, []
     for c in levels:
@@ -149,7 +169,7 @@ async def bench_url(url: str, model: str, prompts: list[Prompt], levels: list[in
             print(f"warning: {url} has no /reset_prefix_cache route: a level may find the prompts of the levels "
                   "before it cached", file=sys.stderr)
             reset = False
-        recs, wall = await run_level(url, model, prompts, c, max(n, 2 * c), params, api_key)
+        recs, wall = await run_level(url, model, prompts, c, max(n, 2 * c), params, api_key, turns)
         summary[c] = summarize_level(recs, wall)
         records += [{"concurrency": c, **{k: v for k, v in r.items() if k != "itl_s"}} for r in recs]
         if progress:
@@ -158,7 +178,7 @@ async def bench_url(url: str, model: str, prompts: list[Prompt], levels: list[in
 
 
 def bench_engines(engines, prompts, levels, n, params, progress=False, warm_levels=False,
-                  rounds: int = 1) -> tuple[dict, list[dict]]:
+                  rounds: int = 1, turns: int | None = 1) -> tuple[dict, list[dict]]:
     """``engines``: (label, factory) pairs; each factory builds an Engine, served while it is measured.
     Every level gets an engine of its own, as a server just started: the levels ask the same prompts,
     and an engine that served an earlier level would hold them in its prefix cache and their answers
@@ -186,16 +206,19 @@ def bench_engines(engines, prompts, levels, n, params, progress=False, warm_leve
                 for group in ([levels] if warm_levels else [[c] for c in levels]):
                     engine = factory()
                     with BackgroundServer(create_app(engine, ["bench"])) as srv:
-                        summary, recs = client.submit(_drive, srv.url, prompts, group, n, params, progress).result()
+                        summary, recs = client.submit(_drive, srv.url, prompts, group, n, params, progress,
+                                                      turns).result()
                     records += add_round(runs[label], summary, recs, label, r, rounds)
                     del engine  # its KV cache goes before the next one allocates its own
     return combine_rounds(runs), records
 
 
-def _drive(url: str, prompts: list[Prompt], levels: list[int], n: int, params: dict, progress: bool):
+def _drive(url: str, prompts: list[Prompt], levels: list[int], n: int, params: dict, progress: bool,
+           turns: int | None):
     """bench_url on a fresh engine's server, from the client's process (its prefix cache is reset
     before each level: the warm-up's prompt is a level's too)."""
-    return asyncio.run(bench_url(url, "bench", prompts, levels, n, params, progress=progress, reset=True))
+    return asyncio.run(bench_url(url, "bench", prompts, levels, n, params, progress=progress, reset=True,
+                                 turns=turns))
 
 
 def cmd_bench_serve(a: argparse.Namespace) -> int:
@@ -220,11 +243,12 @@ def cmd_bench_serve(a: argparse.Namespace) -> int:
     else:
         cfg = engine_config(a, max_num_seqs=a.max_num_seqs or max(levels))
         results, records = bench_engines(_engine_factories(a, cfg, spec_config(a)), prompts, levels,
-                                         a.requests, params, progress, a.warm_levels, a.rounds)
+                                         a.requests, params, progress, a.warm_levels, a.rounds, a.turns)
     print(format_table(results))
     if a.json_out:
         meta = {"argv": sys.argv, "url": a.url, "model": a.model, "spec_types": a.spec_types, "levels": levels,
-                "requests_per_level": a.requests, "n_prompts": len(prompts), "rounds": a.rounds, **params,
+                "requests_per_level": a.requests, "n_prompts": len(prompts), "rounds": a.rounds,
+                "turns": a.turns or "all", **params,
                 "host": host}
         with open(a.json_out, "w") as f:
             json.dump({"meta": meta, "results": results, "records": records}, f, indent=1)
@@ -245,7 +269,7 @@ def _bench_running(a, prompts, levels, params, progress):
         label = a.label or model
         for r in range(a.rounds):
             summary, recs = asyncio.run(bench_url(url, model, prompts, levels, a.requests, params, a.api_key, progress,
-                                                  reset=not a.warm_levels))
+                                                  reset=not a.warm_levels, turns=a.turns))
             records += add_round(runs, summary, recs, label, r, a.rounds)
     except httpx.HTTPError as e:
         raise SpecDecodeError(f"{url}: {e}") from None
