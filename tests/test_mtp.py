@@ -260,18 +260,27 @@ def test_prefix_cache_hit_keeps_the_heads_pairs(tmp_path, monkeypatch):
     assert again.stats["spec"]["accepted_tokens"] == first.stats["spec"]["accepted_tokens"]
 
 
-def test_prefix_hit_from_the_store_prefills_the_heads_window_again(tmp_path, monkeypatch):
-    """A prompt whose cached tokens come from the host prompt store finds no kept head state: the engine
-    prefills the heads' window of cached positions again, and the proposer runs no target forward."""
+@pytest.mark.parametrize("stashed", [True, False])
+def test_prefix_hit_from_the_store_resumes_the_heads_state(tmp_path, monkeypatch, stashed):
+    """A prompt whose cached tokens come from the host prompt store brings the heads' state for them
+    along (``stash``): the engine prefills again only the hit's last position, as after a slot's hit.
+    Without a stash (here switched off) it prefills the heads' window of cached positions again. Either
+    way the proposer runs no target forward and the output is plain greedy."""
+    import specdecode.speculative.mtp as mtp
+
     plain, spec = mtp_llm(tmp_path, 0.5, True, draft_fixed=True, draft_max=3, draft_p_min=0.0)
+    if not stashed:
+        monkeypatch.setattr(spec.engine.proposer, "stash", lambda slot: None)
     prompt = [(7 * i) % 300 + 1 for i in range(300)]
     spec.generate(prompt, GREEDY)
     for j in range(3):  # three other prompts take every slot: prompt's entries move to the store
         spec.generate([(5 * i + j) % 300 + 2 for i in range(30)], GREEDY)
 
-    counts = recomputed_positions(monkeypatch)
+    counts, prefilled = recomputed_positions(monkeypatch), prefilled_chunks(monkeypatch, spec)
     again = spec.generate(prompt, GREEDY)[0]
     assert spec.engine.prefix_cache.store.hit_tokens == len(prompt) - 1
+    window = len(prompt) - 1 - mtp.PROMPT_WINDOW
+    assert prefilled == [(len(prompt) - 2 if stashed else window, len(prompt) - 1)]
     assert counts == [] and again.stats["spec"]["accepted_tokens"] > 0
     assert again.token_ids == plain.generate(prompt, GREEDY)[0].token_ids
 

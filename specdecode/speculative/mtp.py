@@ -17,8 +17,9 @@ with real pairs, so every commit rolls them back. The prompt's hidden states com
 prefill (``prefill``); those the engine never handed over (a prefix-cache hit) are recomputed from the
 target's KV cache, which is read, never written (``Target.hidden_states``). A finished request's state
 is kept for its target slot's next request (speculative/kept.py): after a prefix-cache hit the heads
-keep their pairs of the shared tokens; a prompt that shares a running request's prefix (``share``) copies
-that request's pairs and hidden states of it."""
+keep their pairs of the shared tokens; a slot's tokens that move to the host prompt store take a copy of
+that state along (``stash``), which a hit from the store resumes alike; a prompt that shares a running
+request's prefix (``share``) copies that request's pairs and hidden states of it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from ..runtime.kv_cache import KVCache
 from ..runtime.target import Target
 from .controller import DraftCost
 from .kept import KeptStates
-from .proposer import Proposer, extend_chain
+from .proposer import Proposer, Stash, extend_chain
 from .tree import DraftTree
 
 PROMPT_WINDOW = 256  # prompt positions (before the first draft) the heads' cache covers
@@ -236,6 +237,31 @@ class MTPProposer(Proposer):
     def release(self, seq):
         self._kept.keep(seq, seq.draft_state)
         seq.draft_state = None
+
+    @torch.inference_mode()
+    def stash(self, slot):
+        """A host copy of the state kept under target slot ``slot``: the heads' pairs of positions off ..
+        fed - 1 (k, v [modules, Hkv, fed - off, D]) and the hidden states not fed yet."""
+        st = self._kept.peek(slot)
+        if st is None or (st.slot < 0 and st.h is None):
+            return None
+        k, v = self.kv.read(st.slot, st.fed - st.off) if st.slot >= 0 else (None, None)
+        h = None if st.h is None else st.h.to("cpu", copy=True)
+        nbytes = sum(t.numel() * t.element_size() for t in (k, v, h) if t is not None)
+        return Stash((_State(-1, st.off, st.fed, h, st.hpos), k, v), nbytes)
+
+    @torch.inference_mode()
+    def unstash(self, seq, stash):
+        """Resumes a stashed state (pairs in a slot of its own), cut back to the positions the store hit
+        covers as a kept state is (``_resume``). The stash stays the store's: copied, not taken."""
+        old, k, v = stash.state
+        st = self._state(seq)  # fresh: a store hit reuses none of the tokens the slot kept
+        st.off, st.hpos = old.off, old.hpos
+        st.h = None if old.h is None else old.h.to(self.device, copy=True)
+        if k is not None:
+            st.slot, st.fed = self.kv.allocate(), old.fed
+            self.kv.load(st.slot, k, v)
+        seq.draft_state = self._resume(st, seq.num_prefilled)
 
     # -- cost ----------------------------------------------------------------------------------------
     @property
