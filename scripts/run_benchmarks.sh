@@ -1499,3 +1499,16 @@ python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --concurrency 1
 # (the gate's lost windows counted) and two at c = 4
 python -m specdecode.cli bench-serve -t 2 --spec-types none,auto --prompts scripts/data/repeated_tasks.jsonl \
   --concurrency 1,4 --requests 12 --max-tokens 128 --rounds 2 --json-out out/r45_serve_repeated_after.json
+# ---- Round 46 (AMD EPYC family 25 model 1, Zen 3: AVX2 without VNNI, 2026-12-07): a drafter's state in the host
+# prompt store; bench-serve --turns. The large head's build ran in the background (nice 19, a worktree of f049b3c
+# at /work/hb): stopped (SIGSTOP on build_head_large.sh and its train-head) for every measurement. ----
+(cd /work/hb && PYTHONPATH=/work/hb nice -n 19 scripts/build_head_large.sh /work/hb-out)  # resumable
+# throwaway probe (one process, engines over one shared target, in turns, 2 repetitions): the first 8 two-turn
+# Spec-Bench prompts' first turns, then their second turns (answers from a `none` engine in the history), one at a
+# time on 2 slots; `none`, `auto` with EagleProposer.stash patched to None, `auto` as committed; turn 2's tok/s.
+# the server, `auto` against `auto` with the stash switched off (a wrapper patching EagleProposer.stash to None
+# where spec.ngram_size_n == 4, a setting only ngram-simple reads, then calling specdecode.cli.main):
+python3 /tmp/p/ab_serve.py bench-serve --spec-types "none,auto,auto(ngram_size_n=4)" --category mt_bench \
+  --limit 2 --turns all --concurrency 1,4 --max-tokens 128 --rounds 2 --json-out out/r46_serve_turns_ab.json
+# throwaway probe: the 16 first turns of that workload queued at once on 4 slots (spills, no store hits), none /
+# auto / auto with the stash patched to None, engines over one shared target, in turns, 2 repetitions
