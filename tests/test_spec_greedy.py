@@ -62,19 +62,24 @@ def test_stops_at_context_length():
     assert len(out.prompt_token_ids) + len(out.token_ids) == llm.engine.max_model_len
 
 
-def test_draft_model_ingests_the_prompt_during_prefill():
-    """The draft's cache takes the prompt with the target's prefill (time to first token): its first
-    draft then feeds only the root, never the whole prompt in the middle of decoding."""
-    llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=3)
+def draft_forwards(llm) -> list[tuple[bool, list[int]]]:
+    """Records each forward of the draft model of ``llm``: (whether it computed logits, tokens per row)."""
     prop = llm.engine.proposer
-    fed = []
-    real = prop.runner.forward
+    fed, real = [], prop.runner.forward
 
     def spy(slots, tokens, *a, **kw):
         fed.append((kw.get("logits", True), [len(t) for t in tokens]))
         return real(slots, tokens, *a, **kw)
 
     prop.runner.forward = spy
+    return fed
+
+
+def test_draft_model_ingests_the_prompt_during_prefill():
+    """The draft's cache takes the prompt with the target's prefill (time to first token): its first
+    draft then feeds only the root, never the whole prompt in the middle of decoding."""
+    llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=3)
+    fed = draft_forwards(llm)
     prompt = list(range(5, 45))
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert fed[0] == (False, [len(prompt) - 1])  # the prefill chunk
@@ -91,15 +96,7 @@ def test_draft_model_resumes_its_entries_with_a_prompt_store_hit():
     brings the draft's entries of it along (``Proposer.stash``): the draft feeds the root, never the
     prompt again; the output is plain greedy."""
     llm = tiny_llm("draft", draft_seed=0, draft_fixed=True, draft_max=3, max_num_seqs=1, prompt_cache_mib=64)
-    prop = llm.engine.proposer
-    fed = []
-    real = prop.runner.forward
-
-    def spy(slots, tokens, *a, **kw):
-        fed.append((kw.get("logits", True), [len(t) for t in tokens]))
-        return real(slots, tokens, *a, **kw)
-
-    prop.runner.forward = spy
+    fed = draft_forwards(llm)
     prompt, other = list(range(5, 45)), list(range(100, 130))
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     first = llm.generate(prompt, params)[0]
