@@ -1512,6 +1512,10 @@ python3 /tmp/p/ab_serve.py bench-serve --spec-types "none,auto,auto(ngram_size_n
   --limit 2 --turns all --concurrency 1,4 --max-tokens 128 --rounds 2 --json-out out/r46_serve_turns_ab.json
 # throwaway probe: the 16 first turns of that workload queued at once on 4 slots (spills, no store hits), none /
 # auto / auto with the stash patched to None, engines over one shared target, in turns, 2 repetitions
-# the cross-request drafters on the same workload (a watchdog re-stopping the build every 10 s during the run)
-python -m specdecode.cli bench-serve --spec-types none,suffix,ngram-mod --category mt_bench --limit 2 --turns all \
+# the cross-request drafters on the same workload, one round each (the first before the A/B above)
+specdecode bench-serve --spec-types none,suffix,ngram-mod,auto --category mt_bench --limit 2 --turns all \
+  --concurrency 1,4 --max-tokens 128 --json-out out/r46_serve_turns.json
+specdecode bench-serve --spec-types none,suffix,ngram-mod --category mt_bench --limit 2 --turns all \
+  --concurrency 1,4 --max-tokens 128 --json-out out/r46_serve_turns_drafters_run1.json
+specdecode bench-serve --spec-types none,suffix,ngram-mod --category mt_bench --limit 2 --turns all \
   --concurrency 1,4 --max-tokens 128 --json-out out/r46_serve_turns_drafters.json
