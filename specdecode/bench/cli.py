@@ -30,8 +30,6 @@ def add_bench_parser(sub) -> None:
     b.set_defaults(func=cmd_bench)
 
 
-
-
 def cmd_bench(a: argparse.Namespace) -> int:
     from ..sampling_params import SamplingParams
     from .host import host_info, host_line

@@ -90,4 +90,4 @@ class PromptStore:
 
 
 def _size(k: torch.Tensor, v: torch.Tensor, stash: Stash | None) -> int:
-    return k.numel() * k.element_size() + v.numel() * v.element_size() + (stash.nbytes if stash else 0)
+    return k.nbytes + v.nbytes + (stash.nbytes if stash else 0)

@@ -194,7 +194,7 @@ class EagleProposer(Proposer):
         k, v = self.kv.read(st.slot, st.fed)  # [1, Hkv, fed, D] each
         feats = None if st.feats is None else st.feats.to("cpu", copy=True)
         last = None if st.last is None else st.last.to("cpu", copy=True)
-        nbytes = sum(t.numel() * t.element_size() for t in (k, v, feats, last) if t is not None)
+        nbytes = sum(t.nbytes for t in (k, v, feats, last) if t is not None)
         return Stash((HeadState(-1, st.base, st.fed, feats, st.fstart, last), k, v), nbytes)
 
     @torch.inference_mode()

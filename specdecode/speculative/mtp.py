@@ -247,7 +247,7 @@ class MTPProposer(Proposer):
             return None
         k, v = self.kv.read(st.slot, st.fed - st.off) if st.slot >= 0 else (None, None)
         h = None if st.h is None else st.h.to("cpu", copy=True)
-        nbytes = sum(t.numel() * t.element_size() for t in (k, v, h) if t is not None)
+        nbytes = sum(t.nbytes for t in (k, v, h) if t is not None)
         return Stash((_State(-1, st.off, st.fed, h, st.hpos), k, v), nbytes)
 
     @torch.inference_mode()
