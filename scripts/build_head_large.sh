@@ -3,8 +3,9 @@
 # recipe with 1M corpus tokens (stdlib and permissively licensed packages) and 4000 self-distilled answers
 # (2000 prompts written from the corpus, 2000 general-domain ones; never Spec-Bench or HumanEval) instead
 # of 60k tokens and 1280 answers, trained for 2000 steps (~2 passes over the data).
-# Estimated on 2 Zen 4 cores: ~1.5 h answering, ~3.3 h features (~190 tok/s), ~1 h training; the
-# features (~35 GB, bf16) stay in WORKDIR. Every stage resumes: each train-head call stops cleanly after
+# Estimated on 2 Zen 4 cores: ~1.5 h answering, ~3.3 h features (~190 tok/s), ~1 h training, before the
+# answers' features were recorded while they are generated (about half the features' tokens need no
+# pass of their own now); the features (~35 GB, bf16) stay in WORKDIR. Every stage resumes: each train-head call stops cleanly after
 # 19 minutes and the loop calls it again, so the build can be spread over short runs; HOURS caps one
 # run of this script (default: until the head is written). It writes WORKDIR/…-eagle3 only: it does not
 # replace the shipped head (compare first with scripts/head_acceptance.py).

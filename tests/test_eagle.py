@@ -949,3 +949,45 @@ def test_quantized_head_fuses_qkv_and_gate_up_with_the_same_bits(fmt):
     ids = torch.randint(0, m.cfg.vocab_size, (7,))
     for x, y in zip(head.forward_reference(feats, ids, steps=3), ref.forward_reference(feats, ids, steps=3)):
         assert torch.equal(x, y)
+
+
+def test_self_distillation_records_the_features_a_second_forward_would_extract(tmp_path):
+    """Answers generated with their features recorded (train/record.py): the same windows, ids, lens
+    and target argmax as extract_shard over the finished answers, and the same states up to bfloat16
+    rounding, though the answers share a prompt prefix (the recorder has the engine prefill a shared
+    prefix again) and some answers are longer than seq_len. Through ``answered``: a batch's shard is
+    saved with its answers and a rerun resumes; a batch cached without features (an earlier build)
+    gets its shard from extract_shard."""
+    import time
+
+    from specdecode.train import data
+    from specdecode.train.record import distill_recorded, window
+
+    m = target()
+    tok = CharTokenizer(m.cfg.vocab_size)
+    prompts = ["abcdefgh", "abcdefxyz", "abcdefgh12", "q", "abcdeQRS"]
+    got, rec = distill_recorded(m, tok, prompts[:3], 12, 3, "float64", (0, 1, 2), 16)
+    assert [g[:len(tok.encode(p))] for g, p in zip(got, prompts)] == [tok.encode(p) for p in prompts[:3]]
+    assert got == [p + o.token_ids for p, o in zip([tok.encode(p) for p in prompts[:3]],
+                                                    llm(m).generate([tok.encode(p) for p in prompts[:3]],
+                                                                    SamplingParams(temperature=0, max_tokens=12)))]
+    windows = [window(g, 16) for g in got]
+    assert [len(w) for w in windows] == [16, 16, 16] and len(got[0]) == 20
+    ref = data.extract_shard(m, windows, (0, 1, 2))
+    for key in ("ids", "lens", "argmax"):
+        assert torch.equal(rec[key], ref[key]), key
+    for key in ("feats", "final"):
+        assert rec[key].dtype == torch.bfloat16 and rec[key].shape == ref[key].shape
+        torch.testing.assert_close(rec[key].double(), ref[key].double(), rtol=1e-2, atol=1e-2)
+
+    cache, shard = tmp_path / "answers.json", (lambda k: tmp_path / f"train_answers_{k:05d}.pt")
+    cache.write_text(json.dumps(got[:2]))  # an earlier build answered a batch of 2 and recorded nothing
+    assert data.answered(m, tok, prompts, 12, 2, cache, deadline=time.time() + 600, record=((0, 1, 2), 16, shard))
+    assert not shard(0).exists() and shard(1).exists() and shard(2).exists()
+    assert data.extract_unrecorded(m, json.loads(cache.read_text()), 2, (0, 1, 2), 16, shard)
+    shards = [torch.load(shard(k), weights_only=True) for k in range(3)]
+    assert torch.equal(shards[0]["ids"], ref["ids"][:32])  # extracted: the recorded windows' tokens
+    assert [len(s["lens"]) for s in shards] == [2, 2, 1]
+    assert torch.equal(shards[1]["lens"][:1], ref["lens"][2:]) and torch.equal(shards[1]["ids"][:16], ref["ids"][32:])
+    loaded = data.load_shards(tmp_path, "train")
+    assert [len(s["lens"]) for s in loaded] == [2, 2, 1]

@@ -129,14 +129,17 @@ DISTILL_BATCH = 32
 def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
     """Extracts (or resumes extracting) the target's features of the train and held-out windows;
     False if the deadline came first."""
-    from .data import answered, check_prompt_file, extract_shard, is_heldout, sample_windows, write_manifest
+    from .data import (answered, check_prompt_file, extract_shard, extract_unrecorded, is_heldout, sample_windows,
+                       write_manifest)
     from .prompts import distill_prompts, general_prompts
 
     # "general" and "quant" enter the manifest only when used, so caches built before those flags
-    # existed stay valid
+    # existed stay valid; "answers" where answers are distilled: a cache from before their shards were
+    # apart holds them among the corpus windows' shards
     settings = {"model": str(a.model), "data": list(a.data), "layers": list(layers), "seed": a.seed,
                 **{k: getattr(a, k) for k in _FEATURE_KEYS if k != "general" or a.general}, "prompts": a.prompts,
-                **({"quant": a.quant} if a.quant != "none" else {})}
+                **({"quant": a.quant} if a.quant != "none" else {}),
+                **({"answers": "apart"} if a.distill or a.general or a.prompts else {})}
     write_manifest(fdir, settings)
     held = [f for f in files if is_heldout(f, a.eval_frac)] or files[-1:]
     held_set = set(held)
@@ -158,11 +161,13 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
         windows = sample_windows(tok, fs, a.seq_len, budget, seed)
         if n_distill or gen:
             prompts = distill_prompts(fs, n_distill, seed) + gen + (extra if split == "train" else [])
+            shard = (lambda k, split=split: fdir / f"{split}_answers_{k:05d}.pt")  # batch k's windows
             got = answered(model, tok, prompts, a.distill_tokens, DISTILL_BATCH, fdir / f"distill_{split}.json",
-                           deadline)
+                           deadline, (layers, a.seq_len, shard))
             if got is None:
                 return False
-            windows += [s[:a.seq_len] for s in got]
+            if not extract_unrecorded(model, got, DISTILL_BATCH, layers, a.seq_len, shard, deadline):
+                return False
         for i in range(0, len(windows), 16):
             f = fdir / f"{split}_shard_{i // 16:05d}.pt"
             if f.exists():

@@ -135,18 +135,47 @@ def self_distill(model, tokenizer, prompts: list[str], max_new: int, batch: int,
 
 
 def answered(model, tokenizer, prompts: list[str], max_new: int, batch: int, cache: Path,
-             deadline: float | None = None) -> list[list[int]] | None:
+             deadline: float | None = None, record=None) -> list[list[int]] | None:
     """self_distill over ``prompts``, ``batch`` at a time, cached in ``cache`` after every batch (a rerun
-    resumes where the last one stopped); None if ``deadline`` (a time.time()) came first."""
+    resumes where the last one stopped); None if ``deadline`` (a time.time()) came first. ``record``:
+    (layers, seq_len, shard path of batch k): each batch's features are recorded while it is answered
+    (record.py) and saved to its shard before its answers are cached."""
+    from .record import distill_recorded
+
     done = json.loads(cache.read_text()) if cache.exists() else []
     dtype = str(model.dtype).removeprefix("torch.")
     while len(done) < len(prompts):
         if deadline is not None and time.time() > deadline:
             return None
-        done += self_distill(model, tokenizer, prompts[len(done):len(done) + batch], max_new, batch, dtype)
+        part = prompts[len(done):len(done) + batch]
+        if record is None:
+            done += self_distill(model, tokenizer, part, max_new, batch, dtype)
+        else:
+            layers, seq_len, shard = record
+            got, features = distill_recorded(model, tokenizer, part, max_new, batch, dtype, layers, seq_len)
+            torch.save(features, shard(len(done) // batch))
+            done += got
         cache.write_text(json.dumps(done))
         print(f"self-distillation: {len(done)}/{len(prompts)} answers", flush=True)
     return done
+
+
+def extract_unrecorded(model, answers: list[list[int]], batch: int, layers: tuple[int, ...], seq_len: int, shard,
+                       deadline: float | None = None) -> bool:
+    """The shards of answer batches (``batch`` answers each, batch k saved to ``shard(k)``) answered
+    without recording their features, by an earlier build: extract_shard over their windows. False if
+    ``deadline`` came first."""
+    from .record import window
+
+    for k in range(-(-len(answers) // batch)):
+        if shard(k).exists():
+            continue
+        if deadline is not None and time.time() > deadline:
+            return False
+        part = answers[k * batch:(k + 1) * batch]
+        torch.save(extract_shard(model, [window(s, seq_len) for s in part], layers), shard(k))
+        print(f"features: answers {k * batch + len(part)}/{len(answers)}", flush=True)
+    return True
 
 
 def check_prompt_file(path: str) -> None:
@@ -187,8 +216,10 @@ def extract_shard(model, windows: list[list[int]], layers: tuple[int, ...], batc
 
 
 def load_shards(directory: Path, split: str) -> list[dict]:
-    """The split's shards, memory-mapped: the page cache, not the process, holds what training reads."""
-    return [torch.load(p, weights_only=True, mmap=True) for p in sorted(directory.glob(f"{split}_shard_*.pt"))]
+    """The split's shards, memory-mapped: the page cache, not the process, holds what training reads.
+    Corpus windows' shards first, then self-distilled answers' (build_features)."""
+    paths = sorted(directory.glob(f"{split}_shard_*.pt")) + sorted(directory.glob(f"{split}_answers_*.pt"))
+    return [torch.load(p, weights_only=True, mmap=True) for p in paths]
 
 
 def write_manifest(directory: Path, settings: dict) -> None:
