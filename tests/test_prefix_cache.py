@@ -266,6 +266,20 @@ def test_prefix_cache_spills_a_slot_to_the_store_before_overwriting_it():
     assert pc.allocate([1, 2, 3, 4, 5]) == (0, 4, 0, Stash(("kept under", 0), 8))
     assert torch.equal(kv.k[:, slot, :, :4], saved) and kv.lengths[slot] == 4
     assert pc.hit_tokens == 2 + 4 and pc.store.hit_tokens == 4
+    # the slot ends holding what the store's entry holds: overwriting it copies nothing to the store
+    pc.release(slot, [1, 2, 3, 4])
+    kv.free(slot)
+    stashed = []
+
+    class Counting(Proposer):
+        def stash(self, slot):
+            stashed.append(slot)
+
+    read, held = kv.read, (len(pc.store), pc.store.bytes)  # [1, 2, 3, 4] and [1, 2, 9]
+    kv.read = lambda *a: pytest.fail("read a slot the store already holds")
+    assert pc.allocate([7, 8], Counting()) == (0, 0, 0, None)
+    kv.read = read
+    assert not stashed and (len(pc.store), pc.store.bytes) == held and pc.store.match([1, 2, 3, 4])[1] == 4
 
 
 @pytest.mark.parametrize("spec_type,kw", [

@@ -92,9 +92,10 @@ class PrefixCache:
 
     def _spill(self, slot: int, keep: int, proposer: Proposer | None) -> None:
         """The free slot's entries past ``keep`` are about to be overwritten: its cached tokens go to
-        the store whole, if there is one, with the drafter's stash of the state it kept for them."""
+        the store whole, if there is one, with the drafter's stash of the state it kept for them. Tokens
+        an entry already holds whole are not copied at all."""
         tokens = self.cached.get(slot)
-        if self.store is not None and tokens and len(tokens) > keep:
+        if self.store is not None and tokens and len(tokens) > keep and not self.store.holds(tokens):
             stash = proposer.stash(slot) if proposer is not None else None
             self.store.add(tokens, *self.kv.read(slot, len(tokens)), stash)
 

@@ -45,20 +45,25 @@ class PromptStore:
         """Keeps the KV of ``tokens`` (k, v [layers, Hkv, len(tokens), D], host copies the store owns) and
         the drafter's ``stash`` of its state for them."""
         size = _size(k, v, stash)
-        if not tokens or size > self.budget:
+        if not tokens or size > self.budget or self.holds(tokens):
             return
         for key, (toks, *_) in list(self._entries.items()):
-            m = common_prefix_len(toks, tokens)
-            if m == len(tokens):  # already held, whole
-                self._entries.move_to_end(key)
-                return
-            if m == len(toks):  # the new entry holds this one whole
+            if common_prefix_len(toks, tokens) == len(toks):  # the new entry holds this one whole
                 self._drop(key)
         self._entries[self._next] = (list(tokens), k, v, stash)
         self._next += 1
         self.bytes += size
         while self.bytes > self.budget:
             self._drop(next(iter(self._entries)))
+
+    def holds(self, tokens: list[int]) -> bool:
+        """Whether an entry already holds all of ``tokens`` (their KV would add nothing): that entry
+        then counts as just used."""
+        for key, (toks, *_) in self._entries.items():
+            if len(toks) >= len(tokens) and common_prefix_len(toks, tokens) == len(tokens):
+                self._entries.move_to_end(key)
+                return True
+        return False
 
     def match(self, prompt_ids: list[int]) -> tuple[int, int]:
         """(entry id, tokens its KV shares with the prompt) of the longest match; (-1, 0) if none."""
