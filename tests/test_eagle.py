@@ -952,9 +952,9 @@ def test_quantized_head_fuses_qkv_and_gate_up_with_the_same_bits(fmt):
 
 
 def test_self_distillation_records_the_features_a_second_forward_would_extract(tmp_path):
-    """Answers generated with their features recorded (train/record.py): the same windows, ids, lens
-    and target argmax as extract_shard over the finished answers, and the same states up to bfloat16
-    rounding, though the answers share a prompt prefix (the recorder has the engine prefill a shared
+    """Answers generated with their features recorded (train/record.py): the same windows, ids, lens,
+    target argmax and states, bit for bit, as extract_shard over the finished answers, though the
+    answers share a prompt prefix (the recorder has the engine prefill a shared
     prefix again) and some answers are longer than seq_len. Through ``answered``: a batch's shard is
     saved with its answers and a rerun resumes; a batch cached without features (an earlier build)
     gets its shard from extract_shard."""
@@ -974,11 +974,9 @@ def test_self_distillation_records_the_features_a_second_forward_would_extract(t
     windows = [window(g, 16) for g in got]
     assert [len(w) for w in windows] == [16, 16, 16] and len(got[0]) == 20
     ref = data.extract_shard(m, windows, (0, 1, 2))
-    for key in ("ids", "lens", "argmax"):
+    for key in ("ids", "lens", "argmax", "feats", "final"):  # extract_shard runs the target as the engine does
         assert torch.equal(rec[key], ref[key]), key
-    for key in ("feats", "final"):
-        assert rec[key].dtype == torch.bfloat16 and rec[key].shape == ref[key].shape
-        torch.testing.assert_close(rec[key].double(), ref[key].double(), rtol=1e-2, atol=1e-2)
+    assert rec["feats"].dtype == torch.bfloat16 and rec["final"].dtype == torch.bfloat16
 
     cache, shard = tmp_path / "answers.json", (lambda k: tmp_path / f"train_answers_{k:05d}.pt")
     cache.write_text(json.dumps(got[:2]))  # an earlier build answered a batch of 2 and recorded nothing

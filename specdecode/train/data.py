@@ -187,14 +187,19 @@ def check_prompt_file(path: str) -> None:
 def extract_shard(model, windows: list[list[int]], layers: tuple[int, ...], batch: int = 4) -> dict:
     """The frozen target over token windows: per token the captured layer outputs (concatenated,
     [N, len(layers) * H]; None without layers), the final normed hidden [N, H] (bfloat16), and the
-    target's argmax [N]; windows concatenated (``lens`` gives their lengths)."""
+    target's argmax [N]; windows concatenated (``lens`` gives their lengths). The target runs as the
+    engine runs it (its default attention backend and KV cache type), so these are the states a head
+    is handed when it drafts, as are those recorded while answers are generated (record.py)."""
+    from ..runtime import attention
+    from ..runtime.device import kv_dtype
     from ..runtime.kv_cache import KVCache
     from ..runtime.model_runner import ModelRunner
 
     c = model.cfg
     longest = max(len(w) for w in windows)
-    kv = KVCache(c.num_layers, batch, longest, c.num_kv_heads, c.head_dim, model.dtype, model.device)
-    runner = ModelRunner(model, kv)
+    kv = KVCache(c.num_layers, batch, longest, c.num_kv_heads, c.head_dim,
+                 kv_dtype("auto", getattr(model, "quant", "none"), model.device, model.dtype), model.device)
+    runner = ModelRunner(model, kv, attention.backend(attention.resolve("auto", model.device)))
     feats, finals, argmax = [], [], []
     for i in range(0, len(windows), batch):
         group = windows[i:i + batch]

@@ -5,8 +5,8 @@ on the target's states over those same tokens: prompt + answer. The engine compu
 generates (prefill chunks for the prompt, then each decode step's root row), so ``StateRecorder``, a
 proposer that never drafts and reads the target's states, keeps every position's row as the engine
 hands it over, and the features need no second forward over the answers. They are the states a head
-sees when it drafts: computed over the engine's KV cache (bfloat16 beside quantized weights on a CPU),
-where extract_shard's own cache has the model's dtype (the two differ by that rounding).
+is handed when it drafts, and the same bits extract_shard computes over the finished answer (both
+run the target as the engine does: its attention backend, its KV cache type).
 
 A window recorded this way is the answer without its last token: that token is never fed back (the
 generation stops after it), so no state of its position exists. Its last recorded position still has
