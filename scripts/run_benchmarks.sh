@@ -1519,3 +1519,15 @@ specdecode bench-serve --spec-types none,suffix,ngram-mod --category mt_bench --
   --concurrency 1,4 --max-tokens 128 --json-out out/r46_serve_turns_drafters_run1.json
 specdecode bench-serve --spec-types none,suffix,ngram-mod --category mt_bench --limit 2 --turns all \
   --concurrency 1,4 --max-tokens 128 --json-out out/r46_serve_turns_drafters.json
+# ---- Round 47 (AMD EPYC family 25 model 1, Zen 3: AVX2 without VNNI, 2026-12-07): self-distilled answers'
+# features recorded while generated; extract_shard as the engine runs the target; a confidence prune tried and
+# dropped. The large head's build ran in the background (nice 19, the worktree at /work/hb moved to 9ada938, then
+# 5cdbdc6): stopped for every measurement. ----
+(cd /work/hb && PYTHONPATH=/work/hb nice -n 19 scripts/build_head_large.sh /work/hb-out)  # resumable
+python3 scripts/bench_distill_features.py --prompts 16 --max-tokens 96 --reps 2
+python3 scripts/head_confidence.py --limit 2 --max-tokens 128
+specdecode bench --spec-types none,auto --category coding --category writing --limit 2 --max-tokens 128
+# throwaway probes (engines over one shared target, prompt by prompt in rotating order, decode tok/s after the first
+# token): `auto` with the confidence prune (a patch not committed) against `auto` without it and `none`, 2 prompts
+# of each of 13 categories, one pass; the same with eagle3 alone on 8 categories; where a step's time goes
+# (speculative_step wrapped: propose / verify / the rest, by verify rows).
