@@ -183,23 +183,30 @@ def check_prompt_file(path: str) -> None:
         raise InvalidRequestError(f"{path}: Spec-Bench prompts are evaluation data and must not be trained on")
 
 
-@torch.inference_mode()
-def extract_shard(model, windows: list[list[int]], layers: tuple[int, ...], batch: int = 4) -> dict:
-    """The frozen target over token windows: per token the captured layer outputs (concatenated,
-    [N, len(layers) * H]; None without layers), the final normed hidden [N, H] (bfloat16), and the
-    target's argmax [N]; windows concatenated (``lens`` gives their lengths). The target runs as the
-    engine runs it (its default attention backend and KV cache type), so these are the states a head
-    is handed when it drafts, as are those recorded while answers are generated (record.py)."""
+def target_runner(model, slots: int, length: int):
+    """A ModelRunner over the frozen target as the engine runs it (its default attention backend, its
+    default KV cache type: bfloat16 beside quantized weights on a CPU), with ``slots`` sequences of up
+    to ``length`` tokens: a head trains on the states it is handed when it drafts."""
     from ..runtime import attention
     from ..runtime.device import kv_dtype
     from ..runtime.kv_cache import KVCache
     from ..runtime.model_runner import ModelRunner
 
     c = model.cfg
-    longest = max(len(w) for w in windows)
-    kv = KVCache(c.num_layers, batch, longest, c.num_kv_heads, c.head_dim,
+    kv = KVCache(c.num_layers, slots, length, c.num_kv_heads, c.head_dim,
                  kv_dtype("auto", getattr(model, "quant", "none"), model.device, model.dtype), model.device)
-    runner = ModelRunner(model, kv, attention.backend(attention.resolve("auto", model.device)))
+    return ModelRunner(model, kv, attention.backend(attention.resolve("auto", model.device)))
+
+
+@torch.inference_mode()
+def extract_shard(model, windows: list[list[int]], layers: tuple[int, ...], batch: int = 4) -> dict:
+    """The frozen target over token windows: per token the captured layer outputs (concatenated,
+    [N, len(layers) * H]; None without layers), the final normed hidden [N, H] (bfloat16), and the
+    target's argmax [N]; windows concatenated (``lens`` gives their lengths). The states are those a
+    head is handed when it drafts (``target_runner``), as are those recorded while answers are
+    generated (record.py)."""
+    runner = target_runner(model, batch, max(len(w) for w in windows))
+    kv = runner.kv
     feats, finals, argmax = [], [], []
     for i in range(0, len(windows), batch):
         group = windows[i:i + batch]

@@ -111,13 +111,10 @@ class Target:
     """The frozen target: final hidden states and distributions for a batch, through its own runner."""
 
     def __init__(self, model, batch_size: int, seq_len: int):
-        from ..runtime.kv_cache import KVCache
-        from ..runtime.model_runner import ModelRunner
+        from .data import target_runner
 
-        c = model.cfg
         self.model = model
-        self.runner = ModelRunner(model, KVCache(c.num_layers, batch_size, seq_len, c.num_kv_heads, c.head_dim,
-                                                 model.dtype, model.device))
+        self.runner = target_runner(model, batch_size, seq_len)
 
     def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [B, T] -> (hidden [B, T, H], logits [B, T, V]), copies: inference tensors cannot join autograd."""
