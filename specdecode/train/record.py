@@ -28,9 +28,10 @@ class StateRecorder(Proposer):
     LM head).
 
     Contract beyond Proposer's: every position 0 .. len(seq.tokens) - 2 of a finished request was
-    handed over exactly once, in order. A prefix-cache hit or a shared prefix would skip positions, so
-    ``prefill_start`` asks the engine to prefill those again (their KV is recomputed to the same
-    values)."""
+    handed over exactly once, in order. A prefix a request shares with a running one (the chat
+    template's system prompt) takes that request's rows, which the same tokens' forward gave; a
+    prefix-cache hit would skip positions with nothing to copy, so ``prefill_start`` asks the engine
+    to prefill those again (their KV is recomputed to the same values)."""
 
     name = "record"
     reads_hidden = True
@@ -59,6 +60,17 @@ class StateRecorder(Proposer):
 
     def prefill_start(self, seq, cached: int) -> int:
         return 0
+
+    def share(self, seq, donor, n: int) -> int:
+        """The donor's rows of the n shared positions (all of them recorded: it committed them), and
+        their argmax: the donor's prompt's, or at its last prompt position its first generated token."""
+        final = torch.cat([p[0] for p in self.rows[id(donor)]])[:n]
+        feats = torch.cat([p[1] for p in self.rows[id(donor)]])[:n] if self.capture_layers else None
+        self.rows[id(seq)] = [(final.clone(), None if feats is None else feats.clone())]
+        am = torch.cat(self.prompt_argmax.get(id(donor), []) + [torch.tensor(donor.tokens[len(donor.prompt_ids):],
+                                                                              dtype=torch.long)])[:n]
+        self.prompt_argmax[id(seq)] = [am.clone()]
+        return n
 
     def take(self, seq) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """The finished request's (final [n, H], feats [n, F] or None, argmax [n] int32) for its
