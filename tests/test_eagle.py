@@ -438,6 +438,31 @@ def test_train_head_arguments():
     assert e.steps == 7 and e.lr == EAGLE_DEFAULTS["lr"] and e.prompts is None and e.model == "m"
 
 
+def test_train_head_reads_the_converted_weights_an_earlier_load_saved(monkeypatch):
+    """train-head loads a quantized target from the weight cache as the engine does (each of a long
+    build's resumed runs loads it again), and --no-weight-cache converts afresh."""
+    from specdecode import loader, store
+    from specdecode.cli import build_parser
+    from specdecode.train.cli import cmd_train_head
+
+    class Loaded(Exception):
+        pass
+
+    seen = []
+
+    def load(path, dtype, device, quant="none", weight_cache=False):
+        seen.append((quant, weight_cache))
+        raise Loaded
+
+    monkeypatch.setattr(loader, "load_checkpoint", load)
+    monkeypatch.setattr(store, "resolve_model", lambda name: name)
+    for extra in ([], ["--no-weight-cache"]):
+        a = build_parser().parse_args(["train-head", "--model", "m.gguf", "--out", "o", "--quant", "int4", *extra])
+        with pytest.raises(Loaded):
+            cmd_train_head(a)
+    assert seen == [("int4", True), ("int4", False)]
+
+
 def test_general_prompts_are_distinct_seeded_and_not_spec_bench():
     """train-head --general: distinct prompts (the held-out ones are the tail of the same list), the same
     for a seed, and none of them a Spec-Bench prompt (evaluation data is never trained on)."""

@@ -83,7 +83,7 @@ def cmd_train_head(a) -> int:
     torch.manual_seed(a.seed)
     device, dtype = resolve_device_dtype(a.device, a.dtype)
     files = resolve_data(a.data)  # validate before the (slow) model load
-    model, tok = load_checkpoint(resolve_model(a.model), dtype, device, weight_quant(a.quant, device))
+    model, tok = load_checkpoint(resolve_model(a.model), dtype, device, weight_quant(a.quant, device), a.weight_cache)
     out = Path(a.out)
     layers = _aux_layers(model, a.kind)
     if not build_features(model, tok, files, out / "features", a, layers, deadline):
