@@ -1014,3 +1014,19 @@ def test_self_distillation_records_the_features_a_second_forward_would_extract(t
     assert torch.equal(shards[1]["lens"][:1], ref["lens"][2:]) and torch.equal(shards[1]["ids"][:16], ref["ids"][32:])
     loaded = data.load_shards(tmp_path, "train")
     assert [len(s["lens"]) for s in loaded] == [2, 2, 1]
+
+
+def test_a_resumed_build_keeps_the_corpus_windows_of_its_first_run(tmp_path):
+    """train-head's corpus windows are sampled once and kept beside the features: a resumed run takes
+    them as they were (not sampled again from a corpus that may have changed)."""
+    from specdecode.train.data import cached_windows
+
+    calls = []
+
+    def sample(w):
+        calls.append(w)
+        return w
+
+    f = tmp_path / "train_windows.json"
+    assert cached_windows(f, lambda: sample([[1, 2, 3], [4, 5]])) == [[1, 2, 3], [4, 5]]
+    assert cached_windows(f, lambda: sample([[9]])) == [[1, 2, 3], [4, 5]] and calls == [[[1, 2, 3], [4, 5]]]

@@ -129,8 +129,8 @@ DISTILL_BATCH = 32
 def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
     """Extracts (or resumes extracting) the target's features of the train and held-out windows;
     False if the deadline came first."""
-    from .data import (answered, check_prompt_file, extract_shard, extract_unrecorded, is_heldout, sample_windows,
-                       write_manifest)
+    from .data import (answered, cached_windows, check_prompt_file, extract_shard, extract_unrecorded, is_heldout,
+                       sample_windows, write_manifest)
     from .prompts import distill_prompts, general_prompts
 
     # "general" and "quant" enter the manifest only when used, so caches built before those flags
@@ -158,7 +158,8 @@ def build_features(model, tok, files, fdir: Path, a, layers, deadline) -> bool:
             ("train", train, a.corpus_tokens, a.distill, general[:a.general], a.seed),
             ("eval", held, max(2048, int(a.corpus_tokens * a.eval_frac)), n_eval(a.distill), general[a.general:],
              a.seed + 1)):
-        windows = sample_windows(tok, fs, a.seq_len, budget, seed)
+        windows = cached_windows(fdir / f"{split}_windows.json",
+                                 lambda: sample_windows(tok, fs, a.seq_len, budget, seed))
         if n_distill or gen:
             prompts = distill_prompts(fs, n_distill, seed) + gen + (extra if split == "train" else [])
             shard = (lambda k, split=split: fdir / f"{split}_answers_{k:05d}.pt")  # batch k's windows
