@@ -1531,3 +1531,4 @@ specdecode bench --spec-types none,auto --category coding --category writing --l
 # token): `auto` with the confidence prune (a patch not committed) against `auto` without it and `none`, 2 prompts
 # of each of 13 categories, one pass; the same with eagle3 alone on 8 categories; where a step's time goes
 # (speculative_step wrapped: propose / verify / the rest, by verify rows).
+# throwaway probe: load_checkpoint of the 1.5B int4 without and with the weight cache, in turns (build stopped)
