@@ -135,12 +135,10 @@ def cached_windows(path: Path, sample) -> list[list[int]]:
 
 def self_distill(model, tokenizer, prompts: list[str], max_new: int, batch: int, dtype: str) -> list[list[int]]:
     """prompt + the target's greedy answer, as token ids (chat template when the tokenizer has one)."""
-    from ..llm import LLM
     from ..sampling_params import SamplingParams
+    from .record import answering
 
-    llm = LLM(spec_type="none", dtype=dtype, max_num_seqs=batch, max_model_len=2048, _model=model, _tokenizer=tokenizer)
-    chat = getattr(tokenizer, "chat_template", None)
-    enc = [llm.encode_chat([{"role": "user", "content": p}]) if chat else tokenizer.encode(p) for p in prompts]
+    llm, enc = answering(model, tokenizer, prompts, batch, dtype)
     outs = llm.generate(enc, SamplingParams(temperature=0, max_tokens=max_new))
     return [e + o.token_ids for e, o in zip(enc, outs)]
 

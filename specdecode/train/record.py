@@ -87,21 +87,28 @@ class StateRecorder(Proposer):
         return final, feats, argmax.to(torch.int32)
 
 
+def answering(model, tokenizer, prompts: list[str], batch: int, dtype: str):
+    """(the plain engine that answers distillation prompts, ``batch`` at a time, and the prompts as token
+    ids: chat template when the tokenizer has one); recorded or not, the answers are the same."""
+    from ..llm import LLM
+
+    llm = LLM(spec_type="none", dtype=dtype, max_num_seqs=batch, max_model_len=2048, _model=model, _tokenizer=tokenizer)
+    chat = getattr(tokenizer, "chat_template", None)
+    return llm, [llm.encode_chat([{"role": "user", "content": p}]) if chat else tokenizer.encode(p) for p in prompts]
+
+
 @torch.inference_mode()
 def distill_recorded(model, tokenizer, prompts: list[str], max_new: int, batch: int, dtype: str,
                      layers: tuple[int, ...], seq_len: int) -> tuple[list[list[int]], dict]:
     """The target's greedy answers to ``prompts`` (chat template when the tokenizer has one), as
     prompt + answer token ids, and a shard of their windows (``window``) in extract_shard's format,
     recorded while they were generated."""
-    from ..llm import LLM
     from ..sampling_params import SamplingParams
 
-    llm = LLM(spec_type="none", dtype=dtype, max_num_seqs=batch, max_model_len=2048, _model=model, _tokenizer=tokenizer)
+    llm, enc = answering(model, tokenizer, prompts, batch, dtype)
     engine = llm.engine
     recorder = StateRecorder(layers, model.compute_logits)
     engine.proposer = recorder  # with spec_type none no other part of the engine holds a drafter
-    chat = getattr(tokenizer, "chat_template", None)
-    enc = [llm.encode_chat([{"role": "user", "content": p}]) if chat else tokenizer.encode(p) for p in prompts]
     seqs = [engine.add_request(list(e), SamplingParams(temperature=0, max_tokens=max_new)) for e in enc]
     while engine.has_work():
         for o in engine.step():
