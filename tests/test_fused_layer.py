@@ -52,7 +52,7 @@ def _script(runner):
 
 def _both_paths(model, cache_dtype):
     calls = []
-    real, real_one = llama_native._Batch.layers, llama_native._OneToken.run
+    real, real_one = llama_native.Batch.layers, llama_native._OneToken.run
 
     def counting(self, x, capture):
         calls.extend(range(len(self.ops)))
@@ -62,11 +62,11 @@ def _both_paths(model, cache_dtype):
         calls.extend(range(len(self.ops)))
         return real_one(self, *args)
 
-    llama_native._Batch.layers, llama_native._OneToken.run = counting, counting_one
+    llama_native.Batch.layers, llama_native._OneToken.run = counting, counting_one
     try:
         fused = _script(_runner(model, cache_dtype))
     finally:
-        llama_native._Batch.layers, llama_native._OneToken.run = real, real_one
+        llama_native.Batch.layers, llama_native._OneToken.run = real, real_one
     model._native.begin = model._native.one_token = lambda *a, **k: None  # the module path
     try:
         modules = _script(_runner(model, cache_dtype))

@@ -175,6 +175,17 @@ class NativeKernels:
         if rc != 0:
             raise MemoryError("native decoder layer: scratch allocation failed")
 
+    def eagle3_layer(self, layer, kc: int, vc: int, batch, x: torch.Tensor, e: torch.Tensor,
+                     scratch: torch.Tensor) -> None:
+        """An EAGLE-3 head's decoder layer over x (its hidden input, updated in place to the layer's
+        output) beside e (the token embeddings), both float32 contiguous [N, hidden] (layer.c); layer: a
+        kernels.layer.SdLayer with embed_norm set; kc, vc: its cache's addresses."""
+        ptr = scratch.data_ptr()
+        rc = self.lib.specdecode_eagle3_layer(ctypes.addressof(layer), ctypes.addressof(batch), kc, vc, x.data_ptr(),
+                                              e.data_ptr(), ptr + (-ptr) % 64, torch.get_num_threads())
+        if rc != 0:
+            raise MemoryError("native EAGLE-3 layer: scratch allocation failed")
+
     def argmax_rows(self, x: torch.Tensor) -> torch.Tensor:
         """x float32 [R, V] with unit stride along V -> int64 [R]: torch.argmax(x, -1) (first index of
         the maximum; a row's first NaN where it has one)."""
@@ -221,6 +232,8 @@ def load_native_kernels(extra_flags: tuple[str, ...] = ()) -> NativeKernels:
     lib.specdecode_layer_scratch.restype = ctypes.c_size_t
     lib.specdecode_decoder_layers.argtypes = [p, p, p, i, p, p, p, i, p]
     lib.specdecode_decoder_layers.restype = i
+    lib.specdecode_eagle3_layer.argtypes = [p, p, p, p, p, p, p, i]
+    lib.specdecode_eagle3_layer.restype = i
     lib.specdecode_release_threads.restype = i
     lib.specdecode_argmax_rows.argtypes = [p, i, i, ctypes.c_long, p, i]
     lib.specdecode_argmax_rows.restype = None

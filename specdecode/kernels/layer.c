@@ -48,6 +48,11 @@ typedef struct {
     sd_linear o;                      /* H D -> hidden */
     sd_linear gate_up;                /* rows [gate (inter); up (inter)] */
     sd_linear down;                   /* inter -> hidden */
+    /* An EAGLE-3 draft head's layer (specdecode_eagle3_layer; NULL / 0 for the target's layers): q/k/v
+     * read [embed_norm(e), in_norm(x)] (qkv.K = 2 hidden) for the token embeddings e beside x, and
+     * with norm_residual the residual is in_norm(x) instead of x. */
+    const float *embed_norm;          /* [hidden] or NULL */
+    int32_t norm_residual;
 } sd_layer;
 
 /* One forward's batch: B rows of T queries, of which row b has num_new[b] (the rest pad it to T).
@@ -155,27 +160,29 @@ void specdecode_silu_mul(const float *gu, int R, int I, float *out, int threads)
 }
 
 static int kmax(const sd_layer *L) {
-    int k = L->hidden > L->inter ? L->hidden : L->inter;
+    int k = L->qkv.K > L->inter ? L->qkv.K : L->inter;
     return k > L->H * L->D ? k : L->H * L->D;
 }
 
-/* Bytes of scratch specdecode_decoder_layer needs for R activation rows. */
-size_t specdecode_layer_scratch(const sd_layer *L, int R) {
+/* Floats of the activations' scratch for R rows: the normed input [R, qkv.K] (qkv.K = hidden but for an
+ * EAGLE-3 head's 2 hidden), qkv, q, o, a, gate/up, act, y (specdecode_decoder_layer's layout). */
+static size_t act_floats(const sd_layer *L, size_t R) {
     const size_t nqkv = (size_t)(L->H + 2 * L->Hkv) * L->D, hd = (size_t)L->H * L->D;
-    const size_t floats = (size_t)R * (2 * L->hidden + nqkv + 3 * hd + 3 * (size_t)L->inter);
-    return up64(4 * floats) + gemm_scratch(R, kmax(L));
+    return R * ((size_t)L->qkv.K + L->hidden + nqkv + 3 * hd + 3 * (size_t)L->inter);
 }
 
-/* x [N, hidden] float32 (the packed rows), updated in place to the layer's output; writes the new
- * tokens' keys and values (queries t < num_new[b]) at cache indices starts[b] + t of slot slots[b] in
- * kc, vc (this layer's cache). scratch: specdecode_layer_scratch bytes for B T rows, 64-byte aligned.
- * Returns 0, or -1 where attention could not allocate its scratch. */
-int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, void *vc, float *x, void *scratch,
-                             int threads) {
+/* Bytes of scratch specdecode_decoder_layer (or specdecode_eagle3_layer) needs for R activation rows. */
+size_t specdecode_layer_scratch(const sd_layer *L, int R) {
+    return up64(4 * act_floats(L, R)) + gemm_scratch(R, kmax(L));
+}
+
+/* specdecode_decoder_layer (e NULL) and specdecode_eagle3_layer (e the token embeddings), below. */
+static int layer(const sd_layer *L, const sd_batch *bt, void *kc, void *vc, float *x, const float *e, void *scratch,
+                 int threads) {
     const int B = bt->B, T = bt->T, R = bt->N, H = L->H, Hkv = L->Hkv, D = L->D, hd = L->hidden, I = L->inter;
-    const int nqkv = (H + 2 * Hkv) * D;
-    float *h = (float *)scratch;                    /* [R, hidden]: normed input */
-    float *qkv = h + (size_t)R * hd;                /* [R, nqkv] */
+    const int nqkv = (H + 2 * Hkv) * D, K = L->qkv.K;
+    float *h = (float *)scratch;                    /* [R, K]: normed input (K = hidden, or 2 hidden with e) */
+    float *qkv = h + (size_t)R * K;                 /* [R, nqkv] */
     const size_t BT = (size_t)B * T;
     float *q = qkv + (size_t)R * nqkv;              /* [B, H, T, D]: rotated queries */
     float *o = q + BT * H * D;                      /* [B, H, T, D]: attention output */
@@ -183,9 +190,17 @@ int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, vo
     float *gu = a + (size_t)R * H * D;              /* [R, 2 inter] */
     float *act = gu + (size_t)R * 2 * I;            /* [R, inter] */
     float *y = act + (size_t)R * I;                 /* [R, hidden] */
-    char *gs = (char *)scratch + up64(4 * BT * (2 * hd + nqkv + 3 * (size_t)H * D + 3 * (size_t)I));
+    char *gs = (char *)scratch + up64(4 * act_floats(L, BT));
 
-    specdecode_rmsnorm(x, L->in_norm, h, R, hd, L->eps);
+    if (e) /* an EAGLE-3 head: rows [embed_norm(e), in_norm(x)]; rmsnorm treats each row on its own */
+        for (int n = 0; n < R; n++) {
+            float *hn = h + (size_t)n * K;
+            specdecode_rmsnorm(e + (size_t)n * hd, L->embed_norm, hn, 1, hd, L->eps);
+            specdecode_rmsnorm(x + (size_t)n * hd, L->in_norm, hn + hd, 1, hd, L->eps);
+            if (L->norm_residual) memcpy(x + (size_t)n * hd, hn + hd, sizeof(float) * hd);
+        }
+    else
+        specdecode_rmsnorm(x, L->in_norm, h, R, hd, L->eps);
     linear(&L->qkv, h, R, qkv, gs, threads);
     if (bt->pos) memset(q, 0, sizeof(float) * BT * H * D); /* padding queries: finite, unused */
     for (int n = 0; n < R; n++) {
@@ -222,6 +237,23 @@ int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, vo
     linear(&L->down, act, R, y, gs, threads);
     for (size_t i = 0; i < (size_t)R * hd; i++) x[i] = x[i] + y[i];
     return 0;
+}
+
+/* x [N, hidden] float32 (the packed rows), updated in place to the layer's output; writes the new
+ * tokens' keys and values (queries t < num_new[b]) at cache indices starts[b] + t of slot slots[b] in
+ * kc, vc (this layer's cache). scratch: specdecode_layer_scratch bytes for B T rows, 64-byte aligned.
+ * Returns 0, or -1 where attention could not allocate its scratch. */
+int specdecode_decoder_layer(const sd_layer *L, const sd_batch *bt, void *kc, void *vc, float *x, void *scratch,
+                             int threads) {
+    return layer(L, bt, kc, vc, x, NULL, scratch, threads);
+}
+
+/* An EAGLE-3 draft head's decoder layer (models/eagle.py's step): as specdecode_decoder_layer, with x
+ * the head's hidden input (its projected target features, or its previous output) and e [N, hidden]
+ * the token embeddings beside it (packed as x); L->embed_norm is set and L->qkv.K = 2 hidden. */
+int specdecode_eagle3_layer(const sd_layer *L, const sd_batch *bt, void *kc, void *vc, float *x, const float *e,
+                            void *scratch, int threads) {
+    return layer(L, bt, kc, vc, x, e, scratch, threads);
 }
 
 /* Layers [0, n) in order over the same batch and rows: layers[i] with its cache kc[i], vc[i]. A

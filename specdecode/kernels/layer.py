@@ -19,7 +19,8 @@ class SdLinear(ctypes.Structure):
 class SdLayer(ctypes.Structure):
     _fields_ = [("hidden", _i), ("H", _i), ("Hkv", _i), ("D", _i), ("inter", _i), ("eps", _f),
                 ("in_norm", _p), ("post_norm", _p), ("q_norm", _p), ("k_norm", _p),
-                ("qkv", SdLinear), ("o", SdLinear), ("gate_up", SdLinear), ("down", SdLinear)]
+                ("qkv", SdLinear), ("o", SdLinear), ("gate_up", SdLinear), ("down", SdLinear),
+                ("embed_norm", _p), ("norm_residual", _i)]
 
 
 class SdBatch(ctypes.Structure):
@@ -42,10 +43,13 @@ def linear_operands(kind: int, in_features: int, out_features: int, group_size: 
 
 
 class LayerOperands:
-    """One decoder layer's sd_layer, with the tensors its pointers point into."""
+    """One decoder layer's sd_layer, with the tensors its pointers point into. ``embed_norm`` and
+    ``norm_residual``: an EAGLE-3 head's layer (layer.c's specdecode_eagle3_layer)."""
 
     def __init__(self, dims: tuple[int, int, int, int, int], eps: float, norms: list[torch.Tensor | None],
-                 linears: list[SdLinear], keep: list[torch.Tensor]):
+                 linears: list[SdLinear], keep: list[torch.Tensor], embed_norm: torch.Tensor | None = None,
+                 norm_residual: bool = False):
         hidden, H, Hkv, D, inter = dims
-        self.keep = keep + [n for n in norms if n is not None]
-        self.struct = SdLayer(hidden, H, Hkv, D, inter, eps, *map(_ptr, norms), *linears)
+        self.keep = keep + [n for n in norms + [embed_norm] if n is not None]
+        self.struct = SdLayer(hidden, H, Hkv, D, inter, eps, *map(_ptr, norms), *linears, _ptr(embed_norm),
+                              int(norm_residual))

@@ -22,8 +22,11 @@ from torch import nn
 
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
+from ..kernels import native_kernels
 from ..runtime.attention import attention, backend
+from ..runtime.context import get_context
 from .config import RopeScaling
+from .eagle_native import NativeStep
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, ...]:
@@ -84,8 +87,19 @@ class _MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            gu, gate, up = None, self.gate_proj(x), self.up_proj(x)
+        else:
+            gu = self.gate_up_proj(x)
+        y = gu if gu is not None else gate
+        nk = native_kernels()
+        # drafting on CPU in float32: the native silu x up, as the fused step (eagle_native.py) and the
+        # target's SwiGLU run it, so that the fused and module paths (and a quantized head's fused
+        # gate / up beside separate ones) give the same bits
+        if (nk is not None and y.dtype == torch.float32 and y.device.type == "cpu"
+                and self.down_proj.in_features % 8 == 0 and not (torch.is_grad_enabled() and y.requires_grad)):
+            return self.down_proj(nk.silu_mul((gu if gu is not None else torch.cat([gate, up], -1)).contiguous()))
+        if gu is not None:
+            gate, up = gu.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -119,6 +133,7 @@ class EagleHead(nn.Module):
             self.register_buffer("t2d", torch.zeros(cfg.vocab_size, dtype=torch.bool))
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self._target: tuple = ()  # (target model,): a plain tuple so it is neither a submodule nor saved
+        self._native = NativeStep()  # the step as one native call where it applies (CPU drafting)
 
     def bind(self, target) -> "EagleHead":
         """Shares the target's embedding (and, for EAGLE-1, its LM head)."""
@@ -232,6 +247,9 @@ class EagleHead(nn.Module):
         cache has one layer): row b writes its num_new[b] entries at cache index starts[b] (nothing
         is committed) and its queries see the keys the context's mask allows. embeds, hidden
         [B, T, H], positions [B, T] -> the pre-norm output [B, T, H]."""
+        fused = self._native.step(self, get_context(), embeds, hidden, positions)
+        if fused is not None:
+            return fused
         q, k, v, residual = self.qkv(embeds, hidden, positions)
         return self.finish(attention(0, q, k, v), residual)
 

@@ -19,7 +19,7 @@ from ..runtime.attention.native_cpu import NativeCPUBackend, visibility
 from ..runtime.context import Context
 
 
-def _linear(m) -> tuple | None:
+def native_linear(m) -> tuple | None:
     """(SdLinear, tensors it points into) for a native quantized layer with a float32 bias or none,
     else None."""
     bias = m.bias
@@ -40,7 +40,7 @@ def _layer(layer, cfg) -> LayerOperands | None:
     norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm]
     if any(n is not None and (n.weight.dtype != torch.float32 or not n.weight.is_contiguous()) for n in norms):
         return None
-    lins = [_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    lins = [native_linear(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
     if any(lin is None for lin in lins):
         return None
     keep = [t for lin in lins for t in lin[1] if t is not None]
@@ -99,7 +99,7 @@ class NativeForward:
             return None
         return self._operands()
 
-    def begin(self, ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> "_Batch | None":
+    def begin(self, ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> "Batch | None":
         """The fused path for this forward (x [B, T, hidden], cos / sin [B, 1, T, D]), or None."""
         if torch.is_grad_enabled() and x.requires_grad:
             return None
@@ -107,7 +107,7 @@ class NativeForward:
         if ops is None:
             return None
         ctx.packed = True
-        return _Batch(ops, self._structs, self._cache_addresses(ctx.kv), ctx, x, cos, sin)
+        return Batch(ops, ctx, x, cos, sin, self._structs, self._cache_addresses(ctx.kv))
 
     def one_token(self, kv, backend, slot: int, token: int, position: int, capture: tuple[int, ...] = ()
                   ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
@@ -136,16 +136,17 @@ def capture_pointers(n: int, bufs: dict[int, torch.Tensor]) -> ctypes.Array | No
     return out
 
 
-class _Batch:
-    """One forward's sd_batch, scratch and cache addresses.
+class Batch:
+    """One forward's sd_batch, scratch and cache addresses (structs, caches: the layers' SdLayer and
+    cache address arrays for ``layers``; an EAGLE-3 head's one layer passes its own, eagle_native.py).
 
     A ragged batch (rows with fewer new tokens than the longest, as when drafts of different lengths
     are verified together) runs its layers on the packed rows only: x [N, hidden] with N = sum of
     num_new, so that padding costs nothing in the matrices. Every row's result is the same either way
     (the native kernels are row-invariant)."""
 
-    def __init__(self, ops: list[LayerOperands], structs: ctypes.Array, caches: tuple[ctypes.Array, ctypes.Array],
-                 ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def __init__(self, ops: list[LayerOperands], ctx: Context, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 structs: ctypes.Array | None = None, caches: tuple[ctypes.Array, ctypes.Array] | None = None):
         nk = native_kernels()
         kv = ctx.kv
         B, T, _ = x.shape
