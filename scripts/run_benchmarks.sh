@@ -1532,3 +1532,18 @@ specdecode bench --spec-types none,auto --category coding --category writing --l
 # of each of 13 categories, one pass; the same with eagle3 alone on 8 categories; where a step's time goes
 # (speculative_step wrapped: propose / verify / the rest, by verify rows).
 # throwaway probe: load_checkpoint of the 1.5B int4 without and with the weight cache, in turns (build stopped)
+# ---- Round 48 (AMD EPYC family 25 model 1, Zen 3: AVX2 without VNNI, 2026-12-07): an EAGLE-3 head's step as one
+# native call; where a verify row's cost goes; Spec-Bench again. The large head's build ran in the background (nice
+# 19, the worktree at /work/hb at d57b559): stopped for every measurement. ----
+(cd /work/hb && PYTHONPATH=/work/hb nice -n 19 scripts/build_head_large.sh /work/hb-out)  # resumable
+python3 scripts/bench_head_step.py --per-category 4   # twice
+# throwaway probes: one head step in a tight loop, fused against modules (1 and 2 rows); forwards of 1 / 2 / 3 rows
+# at 32 / 300 / 1200 cached tokens in turns, and `perf record` over 400 forwards of 1 and of 2 rows at 1200;
+# specdecode_attention alone for 1 / 2 / 3 queries; `none` over 96 tokens at 8 / 12 / 16 / 32 rows
+python3 scripts/bench_gemm_bound.py --rows 1,2,3,4 --rounds 5
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r48_sb5.json
+python scripts/spec_bench_categories.py out/r48_sb5.json
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
+  --prompts $P --json-out out/r48_sb5_t07.json
+python scripts/spec_bench_categories.py out/r48_sb5_t07.json
