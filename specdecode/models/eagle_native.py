@@ -30,12 +30,14 @@ class NativeStep:
         a, mlp = m.self_attn, m.mlp
         if c.kind != "eagle3" or a.qkv_proj is None or mlp.gate_up_proj is None:
             return None
-        key = tuple(id(p) for p in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)) + (
-            a.qkv_proj.qweight.data_ptr() if hasattr(a.qkv_proj, "qweight") else None,)
+        norms = [m.hidden_norm, m.post_attention_layernorm, m.input_layernorm]
+        # the operands point into these tensors: a head whose weights moved or were replaced rebuilds them
+        key = tuple(t.data_ptr() if t is not None else None for t in
+                    [getattr(x, "qweight", None) for x in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+                    + [n.weight for n in norms])
         if key == self._key:
             return self._ops
         self._key, self._ops = key, None
-        norms = [m.hidden_norm, m.post_attention_layernorm, m.input_layernorm]
         lins = [native_linear(x) for x in (a.qkv_proj, a.o_proj, mlp.gate_up_proj, mlp.down_proj)]
         if (any(lin is None for lin in lins) or c.hidden_size % 8 or c.intermediate_size % 8 or c.head_dim % 2
                 or any(n.weight.dtype != torch.float32 or not n.weight.is_contiguous() for n in norms)):
