@@ -1547,3 +1547,7 @@ python scripts/spec_bench_categories.py out/r48_sb5.json
 python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
   --prompts $P --json-out out/r48_sb5_t07.json
 python scripts/spec_bench_categories.py out/r48_sb5_t07.json
+# decode beside other load (OMP_WAIT_POLICY unset / ACTIVE / PASSIVE): alone (build stopped), beside the build's
+# train-head (build running), beside two `nice -n 19 sh -c 'yes > /dev/null'` (build stopped)
+OMP_WAIT_POLICY=PASSIVE specdecode generate --chat "Write a binary search in Python" --spec-type none \
+  --temperature 0 --max-tokens 64
