@@ -1548,6 +1548,6 @@ python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-token
   --prompts $P --json-out out/r48_sb5_t07.json
 python scripts/spec_bench_categories.py out/r48_sb5_t07.json
 # decode beside other load (OMP_WAIT_POLICY unset / ACTIVE / PASSIVE): alone (build stopped), beside the build's
-# train-head (build running), beside two `nice -n 19 sh -c 'yes > /dev/null'` (build stopped)
+# train-head (build running), beside two `nice -n 19 sh -c 'yes > /dev/null'` (build stopped); GOMP_SPINCOUNT=3000 / 30000 alone and beside the build
 OMP_WAIT_POLICY=PASSIVE specdecode generate --chat "Write a binary search in Python" --spec-type none \
   --temperature 0 --max-tokens 64
