@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import native_kernels
 from ..layers.norm import RMSNorm
 from ..layers.rotary import RotaryEmbedding, apply_rotary
-from ..kernels import native_kernels
 from ..runtime.attention import attention, backend
 from ..runtime.context import get_context
 from .config import RopeScaling
@@ -87,19 +87,17 @@ class _MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_proj is None:
-            gu, gate, up = None, self.gate_proj(x), self.up_proj(x)
+            gu = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
         else:
             gu = self.gate_up_proj(x)
-        y = gu if gu is not None else gate
         nk = native_kernels()
         # drafting on CPU in float32: the native silu x up, as the fused step (eagle_native.py) and the
         # target's SwiGLU run it, so that the fused and module paths (and a quantized head's fused
         # gate / up beside separate ones) give the same bits
-        if (nk is not None and y.dtype == torch.float32 and y.device.type == "cpu"
-                and self.down_proj.in_features % 8 == 0 and not (torch.is_grad_enabled() and y.requires_grad)):
-            return self.down_proj(nk.silu_mul((gu if gu is not None else torch.cat([gate, up], -1)).contiguous()))
-        if gu is not None:
-            gate, up = gu.chunk(2, dim=-1)
+        if (nk is not None and gu.dtype == torch.float32 and gu.device.type == "cpu"
+                and self.down_proj.in_features % 8 == 0 and not (torch.is_grad_enabled() and gu.requires_grad)):
+            return self.down_proj(nk.silu_mul(gu.contiguous()))
+        gate, up = gu.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
