@@ -979,8 +979,8 @@ def test_quantized_head_fuses_qkv_and_gate_up_with_the_same_bits(fmt):
 def test_self_distillation_records_the_features_a_second_forward_would_extract(tmp_path):
     """Answers generated with their features recorded (train/record.py): the same windows, ids, lens,
     target argmax and states, bit for bit, as extract_shard over the finished answers, though the
-    answers share a prompt prefix (the recorder has the engine prefill a shared
-    prefix again) and some answers are longer than seq_len. Through ``answered``: a batch's shard is
+    answers share a prompt prefix (the recorder copies a running request's rows of the shared
+    prefix) and some answers are longer than seq_len. Through ``answered``: a batch's shard is
     saved with its answers and a rerun resumes; a batch cached without features (an earlier build)
     gets its shard from extract_shard."""
     import time
