@@ -25,6 +25,9 @@ A configuration may carry a variant after a colon, for A/B runs of the controlle
                   before such steps drafted nothing (the gate cannot judge them)
   native-rev      its steps run on the native kernels built from --native-rev's sources (a kernel A/B
                   on whole steps: both configurations share the weights, only the library differs)
+  batched-verify  a verify of one sequence runs the batched fused path (a Context and a Batch built per
+                  forward), as before such verifies took the lean path (LlamaModel.few_tokens); decode
+                  steps stay lean
 
 Each repetition's line gives every configuration's mean proposal time over the steps that drafted
 (``propose``) and the steps its speculation gate made plain (``gated``).
@@ -49,7 +52,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share", "no-draft-share", "merged-drafts", "native-rev")
+VARIANTS = ("gate-closed", "optimistic", "eagle-tree", "no-share", "no-draft-share", "merged-drafts", "native-rev",
+            "batched-verify")
 
 
 def variant(llm, name: str) -> None:
@@ -64,6 +68,9 @@ def variant(llm, name: str) -> None:
         eng._draft_lengths = lambda seqs, merged=False: eng.planner.lengths(seqs, eng.max_model_len)
     elif name == "no-share":
         eng._share_prefix = lambda seq: False
+    elif name == "batched-verify":
+        lean = eng.runner._lean
+        eng.runner._lean = lambda slot, tokens, *rest: None if len(tokens) > 1 else lean(slot, tokens, *rest)
     elif name == "no-draft-share":
         from types import MethodType
 

@@ -52,7 +52,7 @@ def _script(runner):
 
 def _both_paths(model, cache_dtype):
     calls = []
-    real, real_one = llama_native.Batch.layers, llama_native._OneToken.run
+    real, real_one = llama_native.Batch.layers, llama_native._Lean.run
 
     def counting(self, x, capture):
         calls.extend(range(len(self.ops)))
@@ -62,16 +62,16 @@ def _both_paths(model, cache_dtype):
         calls.extend(range(len(self.ops)))
         return real_one(self, *args)
 
-    llama_native.Batch.layers, llama_native._OneToken.run = counting, counting_one
+    llama_native.Batch.layers, llama_native._Lean.run = counting, counting_one
     try:
         fused = _script(_runner(model, cache_dtype))
     finally:
-        llama_native.Batch.layers, llama_native._OneToken.run = real, real_one
-    model._native.begin = model._native.one_token = lambda *a, **k: None  # the module path
+        llama_native.Batch.layers, llama_native._Lean.run = real, real_one
+    model._native.begin = model._native.few_tokens = lambda *a, **k: None  # the module path
     try:
         modules = _script(_runner(model, cache_dtype))
     finally:
-        del model._native.begin, model._native.one_token
+        del model._native.begin, model._native.few_tokens
     return fused, modules, calls
 
 
@@ -101,40 +101,60 @@ def test_avx2_body_gives_the_bits_of_its_module_path(monkeypatch):
         native_kernels.cache_clear()
 
 
-def test_one_token_forwards_give_the_bits_of_the_batched_path():
-    """A decode step's lean path (NativeForward.one_token) against the same forwards through begin's:
-    every logits shape, captured layers, positions given, two slots in turns, and a context that
-    outgrows the rotary tables' first 256 rows."""
+def test_lean_forwards_give_the_bits_of_the_batched_path():
+    """One sequence's lean path (NativeForward.few_tokens: decode steps, short verifies) against the
+    same forwards through begin's: every logits shape, captured layers, positions given, chains and
+    trees of 1-5 tokens, a prompt's first chunk, two slots in turns, and a context that outgrows the
+    rotary tables' first 256 rows."""
     model = quantized(hf_model("qwen2"), "int4")
-    out = {}
+    out, lean_calls = {}, []
+    real_run = llama_native._Lean.run
+
+    def counting(self, kv, model, slot, tokens, *args):
+        lean_calls.append(len(tokens))
+        return real_run(self, kv, model, slot, tokens, *args)
     for lean in (True, False):
-        if not lean:
-            model._native.one_token = lambda *a, **k: None
+        if lean:
+            llama_native._Lean.run = counting
+        else:
+            model._native.few_tokens = lambda *a, **k: None
         try:
             runner = _runner(model, torch.bfloat16)
             kv, got = runner.kv, []
             a, b = kv.allocate(), kv.allocate()
-            for slot in (a, b):
-                runner.forward([slot], [list(range(3, 60 + slot))], logits=False)
-                kv.set_length(slot, 60 + slot - 3)
-            for i in range(30):
+            runner.forward([a], [list(range(3, 14))], logits=False)  # a short prompt: lean too
+            kv.set_length(a, 11)
+            runner.forward([b], [list(range(3, 61))], logits=False)  # longer than LEAN_ROWS: batched
+            kv.set_length(b, 58)
+            for i in range(40):
                 slot = (a, b)[i % 2]
+                L = kv.lengths[slot]
+                T = 1 + (i // 2) % 5
+                tokens = [(7 * i + 3 * t) % 97 for t in range(T)]
                 kw = [dict(last_only=True), dict(packed_logits=True), dict(), dict(logits=False)][i % 4]
-                pos = [[kv.lengths[slot] + 250]] if i % 3 == 0 else None  # past 256: the tables grow
+                pos, mask = None, None
+                if i % 3 == 0:  # past 256: the tables grow
+                    pos = [[L + 250 + t for t in range(T)]]
+                elif i % 3 == 1 and T >= 3:  # a tree: nodes 1 and 2 siblings at one depth
+                    mask = TREE[:T, :T][None] if T <= 4 else torch.ones(1, T, T, dtype=torch.bool).tril()
+                    depths = [0, 1, 1, 2, 3][:T]
+                    pos = [[L + d for d in depths]]
                 capture = [(), (0,), (model.cfg.num_layers - 1, 0)][i % 3]  # taps; the last one: pre-norm
-                logits, hidden, captured = runner.forward([slot], [[(7 * i) % 97]], pos, capture_layers=capture, **kw)
+                logits, hidden, captured = runner.forward([slot], [tokens], pos, mask, capture_layers=capture, **kw)
                 assert sorted(captured) == sorted(capture)
                 got += [hidden, *[captured[j] for j in sorted(captured)]] + ([] if logits is None else [logits])
-                kv.set_length(slot, kv.lengths[slot] + 1)
+                kv.set_length(slot, L + 1)  # commit the first token, as a rejected draft would
             out[lean] = got
         finally:
-            model._native.__dict__.pop("one_token", None)
+            llama_native._Lean.run = real_run
+            model._native.__dict__.pop("few_tokens", None)
+    assert len(lean_calls) == 41 and max(lean_calls) == 11  # every forward but b's prompt ran lean
     assert len(out[True]) == len(out[False])
     for i, (x, y) in enumerate(zip(out[True], out[False])):
         assert x.shape == y.shape and torch.equal(x, y), i
 
 
-def test_one_token_operands_are_kept_per_cache_and_dropped_with_it():
+def test_lean_operands_are_kept_per_cache_and_dropped_with_it():
     """Two runners over one model (two engines sharing a target) each keep their operands; a cache that
     is gone takes its operands with it."""
     import gc
@@ -148,11 +168,11 @@ def test_one_token_operands_are_kept_per_cache_and_dropped_with_it():
     kept = []
     for r in runners * 2:
         r.forward([0], [[4]], logits=False)
-        kept.append(model._native._one[r.kv])
+        kept.append(model._native._lean[r.kv])
     assert kept[0] is kept[2] and kept[1] is kept[3] and kept[0] is not kept[1]
     del runners, r, kept
     gc.collect()
-    assert len(model._native._one) == 0
+    assert len(model._native._lean) == 0
 
 
 def test_file_embedding_row_is_forwards_row():

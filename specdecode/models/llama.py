@@ -80,13 +80,14 @@ class LlamaModel(nn.Module):
                 ctx.captured[i] = x
         return self.norm(x)
 
-    def one_token(self, kv, attention, slot: int, token: int, position: int, capture: tuple[int, ...] = ()
-                  ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
-        """forward's (hidden [1, 1, hidden], captured {layer: [1, 1, hidden]}) for one new token of one
-        sequence (cache slot ``slot``, RoPE ``position``; layers ``capture``), bit for bit, without the
-        per-forward setup a batch needs; None where only forward runs it (NativeForward.one_token).
-        attention: the runner's backend."""
-        return self._native.one_token(kv, attention, slot, token, position, capture)
+    def few_tokens(self, kv, attention, slot: int, tokens: list[int], positions: list[int],
+                   tree_mask: torch.Tensor | None = None, capture: tuple[int, ...] = ()
+                   ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
+        """forward's (hidden [1, T, hidden], captured {layer: [1, T, hidden]}) for a few new tokens of one
+        sequence (cache slot ``slot``, RoPE ``positions``, tree_mask [T, T] or None for a chain; layers
+        ``capture``), bit for bit, without the per-forward setup a batch needs; None where only forward
+        runs it (NativeForward.few_tokens). attention: the runner's backend."""
+        return self._native.few_tokens(kv, attention, slot, tokens, positions, tree_mask, capture)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] (already normed) -> logits [..., vocab] in float32."""

@@ -18,6 +18,8 @@ from ..layers.quant.int8 import Int8Linear
 from ..runtime.attention.native_cpu import NativeCPUBackend, visibility
 from ..runtime.context import Context
 
+LEAN_ROWS = 16  # the most new tokens few_tokens takes: a decode step, a draft model's step, a short verify
+
 
 def native_linear(m) -> tuple | None:
     """(SdLinear, tensors it points into) for a native quantized layer with a float32 bias or none,
@@ -58,9 +60,9 @@ class NativeForward:
         self._key = None
         self._structs = None  # ctypes array: the address of each layer's sd_layer
         self._caches = (None, None, None)  # (key, kc, vc): each layer's cache addresses in one KV cache
-        # one_token's operands over each KV cache it ran on (two engines may share one model), kept between
+        # few_tokens' operands over each KV cache it ran on (two engines may share one model), kept between
         # forwards; weak: a cache dropped by its engine drops them
-        self._one: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._lean: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def _operands(self) -> list[LayerOperands] | None:
         layers = self.model.layers
@@ -109,20 +111,24 @@ class NativeForward:
         ctx.packed = True
         return Batch(ops, ctx, x, cos, sin, self._structs, self._cache_addresses(ctx.kv))
 
-    def one_token(self, kv, backend, slot: int, token: int, position: int, capture: tuple[int, ...] = ()
-                  ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
-        """The decoder layers and final norm over one new token of one sequence (written at cache
-        index kv.lengths[slot], RoPE ``position``), as forward runs them for B = T = 1: (hidden [1, 1, H]
-        normed, {layer i in capture: its output [1, 1, H]}); None where the fused path does not apply
-        (``begin``'s conditions)."""
+    def few_tokens(self, kv, backend, slot: int, tokens: list[int], positions: list[int],
+                   tree_mask: torch.Tensor | None = None, capture: tuple[int, ...] = ()
+                   ) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
+        """The decoder layers and final norm over T <= LEAN_ROWS new tokens of one sequence (written at
+        cache indices kv.lengths[slot] onwards, RoPE ``positions``; tree_mask [T, T] bool among them,
+        None for a chain), as forward runs them for B = 1: (hidden [1, T, H] normed, {layer i in
+        capture: its output [1, T, H]}); None where the fused path does not apply (``begin``'s
+        conditions) or T is larger."""
         model = self.model
+        if not 0 < len(tokens) <= LEAN_ROWS:
+            return None
         ops = self._fused(backend, kv, model.dtype, model.device)
         if ops is None:
             return None
-        one = self._one.get(kv)
-        if one is None or one.ops is not ops:
-            one = self._one[kv] = _OneToken(model, ops, self._structs, self._cache_addresses(kv), kv)
-        return one.run(kv, model, slot, token, position, capture)
+        lean = self._lean.get(kv)
+        if lean is None or lean.ops is not ops:
+            lean = self._lean[kv] = _Lean(model, ops, self._structs, self._cache_addresses(kv), kv)
+        return lean.run(kv, model, slot, tokens, positions, tree_mask, capture)
 
 
 def capture_pointers(n: int, bufs: dict[int, torch.Tensor]) -> ctypes.Array | None:
@@ -195,43 +201,69 @@ class Batch:
                                capture_pointers(n, capture))
 
 
-class _OneToken:
-    """One sequence's one-token forward (a plain decode step, a draft model's step) through the fused
-    layers, its sd_batch, int32 operands, scratch and input row kept from forward to forward: a step
-    sets four numbers and two pointers instead of building tensors. After the weights have streamed
-    through the caches, every object the general path touches is a cache miss: its Python costs a
-    decode step ~0.5 ms more. The layers receive what forward gives them for B = T = 1 (the same
-    embedding row, the same rows of the rotary tables, the same kernels), so the bits are the same."""
+class _Lean:
+    """One sequence's forward of a few tokens (a plain decode step, a draft model's step, the verify
+    of a short draft) through the fused layers, its sd_batch, int32 operands, scratch and input rows
+    kept from forward to forward: a step sets a few numbers and pointers instead of building a Context,
+    a Batch and their tensors. After the weights have streamed through the caches, every object the
+    general path touches is a cache miss: its Python costs a step ~0.5-0.9 ms more. The layers receive
+    what forward gives them for B = 1 (the same embedding rows, the same rows of the rotary tables,
+    the same visibility, the same kernels), so the bits are the same."""
 
     def __init__(self, model, ops: list[LayerOperands], structs: ctypes.Array,
                  caches: tuple[ctypes.Array, ctypes.Array], kv):
         self.ops, self.structs, self.caches = ops, structs, caches  # caches: kv's layer addresses (never kv)
         self.nk = native_kernels()
-        self.ints = (ctypes.c_int32 * 4)(0, 0, 1, 1)  # slot, start (tokens cached), num_new = 1, nkeys = start + 1
+        # slot, start (tokens cached), num_new = T, then nkeys [T]: query t sees keys [0, nkeys[t])
+        self.ints = (ctypes.c_int32 * (3 + LEAN_ROWS))()
         base, w = ctypes.addressof(self.ints), ctypes.sizeof(ctypes.c_int32)
         D = kv.k.shape[-1]
         self.batch = SdBatch(1, 1, 1, None, base, base + w, base + 2 * w, base + 3 * w, None, 0, None, None,
                              int(kv.k.dtype == torch.bfloat16), kv.k.shape[3], D ** -0.5)
-        self.scratch = self.nk.layer_scratch(ops[0].struct, 1)
-        self.x = torch.empty(1, ops[0].struct.hidden)  # the layers' activation row, updated in place
+        self.scratch = self.nk.layer_scratch(ops[0].struct, LEAN_ROWS)
+        self.x = torch.empty(LEAN_ROWS, ops[0].struct.hidden)  # the layers' activation rows, updated in place
+        self.rot = torch.empty(2, LEAN_ROWS, D)  # cos, sin rows of a forward whose positions are not consecutive
         self.norm = model.norm.native_operands()  # RMSNorm.forward's native call on x; None: the module runs
 
-    def run(self, kv, model, slot: int, token: int, position: int, capture: tuple[int, ...]
-            ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        start = kv.lengths[slot]
-        kv.clean([slot], start + 1)
-        cos, sin = model.rotary.tables(position + 1, torch.float32, model.device)  # float32 [n, D] each
-        row = cos.stride(0) * cos.element_size() * position
-        self.batch.cos, self.batch.sin = cos.data_ptr() + row, sin.data_ptr() + row
-        ints = self.ints
-        ints[0], ints[1], ints[3] = slot, start, start + 1
+    def run(self, kv, model, slot: int, tokens: list[int], positions: list[int], tree_mask: torch.Tensor | None,
+            capture: tuple[int, ...]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        T, start = len(tokens), kv.lengths[slot]
+        kv.clean([slot], start + T)
+        p0 = positions[0]
+        cos, sin = model.rotary.tables(max(positions) + 1, torch.float32, model.device)  # float32 [n, D] each
+        batch, ints = self.batch, self.ints
+        if positions[-1] - p0 == T - 1 and (T == 1 or positions == list(range(p0, p0 + T))):
+            row = cos.stride(0) * cos.element_size() * p0  # consecutive: the tables' own rows
+            batch.cos, batch.sin = cos.data_ptr() + row, sin.data_ptr() + row
+        else:  # tree nodes share positions: their rows gathered
+            idx = torch.tensor(positions)
+            rot = self.rot
+            torch.index_select(cos, 0, idx, out=rot[0, :T])
+            torch.index_select(sin, 0, idx, out=rot[1, :T])
+            batch.cos, batch.sin = rot[0].data_ptr(), rot[1].data_ptr()
+        ints[0], ints[1], ints[2] = slot, start, T
+        mask = None
+        if tree_mask is None:  # causal: query t sees the prefix and new tokens 0..t
+            for t in range(T):
+                ints[3 + t] = start + t + 1
+        else:  # visibility()'s operands for this row: the prefix, then the tree's mask among the new keys
+            mask = torch.ones(T, start + T, dtype=torch.uint8)
+            mask[:, start:] = tree_mask
+            for t in range(T):
+                ints[3 + t] = start + int(tree_mask[t].nonzero().max()) + 1
+        batch.mask, batch.Lm = (None, 0) if mask is None else (mask.data_ptr(), start + T)
+        batch.T = batch.N = T
         emb = model.embed_tokens
-        x = self.x
-        x.copy_(emb.row(token) if hasattr(emb, "row") else emb(torch.tensor([token])))
+        x = self.x[:T]
+        if hasattr(emb, "row"):
+            for t, tok in enumerate(tokens):
+                x[t].copy_(emb.row(tok))
+        else:
+            x.copy_(emb(torch.tensor([tokens]))[0])
         n = len(self.ops)
-        captured = {i: torch.empty(1, 1, x.shape[-1]) for i in capture if 0 <= i < n}
-        self.nk.decoder_layers(self.structs, *self.caches, 0, n, self.batch, x, self.scratch,
+        captured = {i: torch.empty(1, T, x.shape[-1]) for i in capture if 0 <= i < n}
+        self.nk.decoder_layers(self.structs, *self.caches, 0, n, batch, x, self.scratch,
                                capture_pointers(n, captured))
         if self.norm is None:
-            return model.norm(x.view(1, 1, -1)), captured
-        return self.nk.rmsnorm(x, *self.norm).view(1, 1, -1), captured
+            return model.norm(x.view(1, T, -1)), captured
+        return self.nk.rmsnorm(x, *self.norm).view(1, T, -1), captured

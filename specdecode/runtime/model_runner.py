@@ -48,9 +48,10 @@ class ModelRunner:
         starts = [self.kv.lengths[s] for s in slots]
         for s, n in zip(slots, num_new):
             self.kv.check_fits(s, n)
-        if B == 1 and T == 1 and tree_mask is None and logits_for != 0:
-            out = self._one_token(slots[0], tokens[0][0], positions[0][0] if positions is not None else starts[0],
-                                  tuple(capture_layers), logits, last_only or packed_logits)
+        if B == 1 and logits_for != 0:
+            out = self._lean(slots[0], tokens[0], list(positions[0]) if positions is not None else
+                             list(range(starts[0], starts[0] + T)), None if tree_mask is None else tree_mask[0],
+                             tuple(capture_layers), logits, last_only, packed_logits)
             if out is not None:
                 return out
         ids = torch.zeros(B, T, dtype=torch.long)
@@ -93,16 +94,20 @@ class ModelRunner:
             return out, hidden, ctx.captured
         return self.model.compute_logits(hidden), hidden, ctx.captured
 
-    def _one_token(self, slot: int, token: int, position: int, capture: tuple[int, ...], logits: bool, flat: bool):
-        """forward's result for one token of one sequence through the model's lean path (a decode
-        step), or None where the model has none for this forward. flat: logits [1, V], else [1, 1, V]."""
-        one = getattr(self.model, "one_token", None)
-        out = None if one is None else one(self.kv, self.attention, slot, token, position, capture)
+    def _lean(self, slot: int, tokens: list[int], positions: list[int], tree_mask: torch.Tensor | None,
+              capture: tuple[int, ...], logits: bool, last_only: bool, packed: bool):
+        """forward's result for a few tokens of one sequence through the model's lean path (a decode
+        step, a short verify), or None where the model has none for this forward."""
+        few = getattr(self.model, "few_tokens", None)
+        out = None if few is None else few(self.kv, self.attention, slot, tokens, positions, tree_mask, capture)
         if out is None:
             return None
-        hidden, captured = out
-        self.last_rows = 1
+        hidden, captured = out  # [1, T, H]
+        T = hidden.shape[1]
+        self.last_rows = T
         if not logits:
             return None, hidden, captured
-        rows = self.model.compute_logits(hidden.view(1, -1))
-        return (rows if flat else rows.view(1, 1, -1)), hidden, captured
+        if last_only:
+            return self.model.compute_logits(hidden[:, -1]), hidden, captured  # [1, V]
+        rows = self.model.compute_logits(hidden.view(T, -1))  # [T, V]
+        return (rows if packed else rows.view(1, T, -1)), hidden, captured
