@@ -1551,3 +1551,21 @@ python scripts/spec_bench_categories.py out/r48_sb5_t07.json
 # train-head (build running), beside two `nice -n 19 sh -c 'yes > /dev/null'` (build stopped); GOMP_SPINCOUNT=3000 / 30000 alone and beside the build
 OMP_WAIT_POLICY=PASSIVE specdecode generate --chat "Write a binary search in Python" --spec-type none \
   --temperature 0 --max-tokens 64
+
+# ---- Round 49 (AMD EPYC family 25 model 1, Zen 3: AVX2 without VNNI, 2026-12-08): one sequence's short verify on
+# the lean fused path (LlamaModel.few_tokens); Spec-Bench again. The large head's build ran in the background
+# (nice 19, the worktree at /work/hb at d57b559): stopped for every measurement. ----
+(cd /work/hb && PYTHONPATH=/work/hb nice -n 19 scripts/build_head_large.sh /work/hb-out)  # resumable
+for r in 2 1 3; do python scripts/ab_one_token.py --models qwen2.5-coder-1.5b-instruct --rows $r --rounds 6; done
+python scripts/bench_interleaved.py --spec-types none,auto,auto:batched-verify --reps 3  # its last 16 lines kept
+python scripts/bench_interleaved.py --spec-types auto,auto:batched-verify --reps 3  # void past rep 0 (auto first)
+python scripts/bench_interleaved.py --spec-types none,auto,auto:batched-verify --reps 2
+P=$PWD/../shared/datasets/spec_bench/question.jsonl
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --prompts $P --json-out out/r49_sb5.json
+python scripts/spec_bench_categories.py out/r49_sb5.json
+python -m specdecode.cli bench -t 2 --spec-types none,auto --limit 5 --max-tokens 128 --temperature 0.7 --seed 0 \
+  --prompts $P --json-out out/r49_sb5_t07.json
+python scripts/spec_bench_categories.py out/r49_sb5_t07.json
+# throwaway probes: an `auto` step's parts per category against `none` (translation, qa; 20 prompts each, in turns
+# by prompt: verify, the step's other work, the gap between steps, for steps that drafted nothing); forwards of 1-3
+# rows at 100 cached tokens split into the layers' call, the LM head and the rest
