@@ -137,6 +137,11 @@ def main() -> int:
         if c.partition(":")[2] not in ("", *VARIANTS):
             sys.exit(f"bench_interleaved: unknown variant in {c!r} (known: {', '.join(VARIANTS)})")
     first, others = configs[0], configs[1:]
+    remembers = {"auto", "suffix", "ngram-mod"} & set(first.partition(":")[0].replace("+", ",").split(","))
+    if a.reps > 1 and remembers:  # the others are built afresh each repetition; the first is not
+        sys.exit(f"bench_interleaved: the first configuration serves every repetition, and {min(remembers)} keeps "
+                 "what earlier requests produced (it would draft each answer from the last repetition): put "
+                 "none first, or run one repetition")
     swapped = {c for c in configs if c.partition(":")[2] == "native-rev"}
     if swapped and not a.native_rev:
         sys.exit("bench_interleaved: the native-rev variant needs --native-rev")

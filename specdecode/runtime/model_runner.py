@@ -49,7 +49,7 @@ class ModelRunner:
         for s, n in zip(slots, num_new):
             self.kv.check_fits(s, n)
         if B == 1 and logits_for != 0:
-            out = self._lean(slots[0], tokens[0], list(positions[0]) if positions is not None else
+            out = self._lean(slots[0], tokens[0], [int(p) for p in positions[0]] if positions is not None else
                              list(range(starts[0], starts[0] + T)), None if tree_mask is None else tree_mask[0],
                              tuple(capture_layers), logits, last_only, packed_logits)
             if out is not None:
