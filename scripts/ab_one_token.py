@@ -1,10 +1,10 @@
 """One sequence's lean forward (LlamaModel.few_tokens) against the batched fused path it bypasses, in
 one process, in turns (ABBA), so that the host's drift hits both alike: per model, a round is --steps
 forwards of --rows tokens (1: a decode step; more: a chain's verify) with logits and an argmax per
-row at a 256-token context (as bench_step_ratio.py times a step), once each way. Prints each round and the median and range of
-the paired ratios (lean / batched), and each way's time outside the native layer and GEMM calls (the
-part the lean path changes, which the host's bandwidth drift leaves alone); the two paths give the
-same bits (tests/test_fused_layer.py).
+row at a 256-token context (as bench_step_ratio.py times a step), once each way. Prints each round
+and the median and range of the paired ratios (lean / batched), and each way's time outside the
+native layer and GEMM calls (the part the lean path changes, which the host's bandwidth drift leaves
+alone); the two paths give the same bits (tests/test_fused_layer.py).
 
     python scripts/ab_one_token.py --models qwen2.5-coder-1.5b-instruct,qwen2.5-coder-0.5b-instruct
     python scripts/ab_one_token.py --models qwen2.5-coder-1.5b-instruct --rows 2
@@ -38,7 +38,8 @@ def steps_ms(runner, slot: int, steps: int, native: collections.Counter, rows: i
         if rows == 1:
             logits, _, _ = runner.forward([slot], [[tok]], last_only=True)
         else:  # a verify's shape: a chain of rows, their logits packed
-            logits, _, _ = runner.forward([slot], [[tok] + [(tok + j) % 1000 for j in range(1, rows)]], packed_logits=True)
+            chain = [tok] + [(tok + j) % 1000 for j in range(1, rows)]
+            logits, _, _ = runner.forward([slot], [chain], packed_logits=True)
         tok = int(argmax_rows(logits)[0])
         times.append(time.perf_counter() - t0)
         kv.set_length(slot, 257 + i)
