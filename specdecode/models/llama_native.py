@@ -232,7 +232,7 @@ class _Lean:
         p0 = positions[0]
         cos, sin = model.rotary.tables(max(positions) + 1, torch.float32, model.device)  # float32 [n, D] each
         batch, ints = self.batch, self.ints
-        if positions[-1] - p0 == T - 1 and (T == 1 or positions == list(range(p0, p0 + T))):
+        if positions == list(range(p0, p0 + T)):
             row = cos.stride(0) * cos.element_size() * p0  # consecutive: the tables' own rows
             batch.cos, batch.sin = cos.data_ptr() + row, sin.data_ptr() + row
         else:  # tree nodes share positions: their rows gathered
